@@ -1,0 +1,88 @@
+"""Advantage Actor-Critic (Mnih et al. 2016, https://arxiv.org/abs/1602.01783), synchronous."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+from lightning_rl.algorithms.on_policy import OnPolicyModule, Schedule
+from lightning_rl.batch import SampleBatch
+from lightning_rl.data.envs import EnvSpec
+from lightning_rl.functional import explained_variance, value_loss
+
+
+class A2C(OnPolicyModule):
+    """A2C: one gradient step per rollout on the whole batch, no ratio clipping.
+
+    Loss::
+
+        pg_loss + vf_loss_coeff * vf_loss - entropy_coeff * entropy,
+        pg_loss = -mean(log pi(a|s) * advantage)
+
+    Args:
+        optimizer: ``"rmsprop"`` (alpha 0.99, eps 1e-5, as in the paper's reference code)
+            or ``"adam"``.
+
+    See ``OnPolicyModule``/``RLModule`` and the README for the shared hyperparameters.
+    """
+
+    def __init__(
+        self,
+        env: EnvSpec = "CartPole-v1",
+        num_envs: int = 8,
+        rollout_fragment_length: int = 5,
+        total_env_steps: int | None = 500_000,
+        iterations_per_epoch: int = 100,
+        seed: int | None = None,
+        vectorization: str = "auto",
+        sampling_device: str = "cpu",
+        lr: float = 7e-4,
+        lr_schedule: Schedule = None,
+        gamma: float = 0.99,
+        lambda_: float = 1.0,
+        grad_clip: float | None = 0.5,
+        standardize_fields: Sequence[str] = (),
+        hiddens: Sequence[int] = (64, 64),
+        activation: str = "tanh",
+        vf_share_layers: bool = False,
+        log_std_init: float = 0.0,
+        vf_loss_coeff: float = 0.5,
+        entropy_coeff: float = 0.0,
+        optimizer: Literal["rmsprop", "adam"] = "rmsprop",
+    ) -> None:
+        super().__init__(
+            env, num_envs, rollout_fragment_length, total_env_steps, iterations_per_epoch, seed, vectorization,
+            sampling_device, lr, lr_schedule, gamma, lambda_, 1, num_envs * rollout_fragment_length, grad_clip,
+            standardize_fields, hiddens, activation, vf_share_layers, log_std_init,
+        )
+        self.save_hyperparameters()
+        if optimizer not in ("rmsprop", "adam"):
+            raise ValueError(f"optimizer must be 'rmsprop' or 'adam', got {optimizer!r}")
+
+    def make_optimizer(self, params: Any) -> torch.optim.Optimizer:
+        if self.hparams.optimizer == "adam":
+            return super().make_optimizer(params)
+        return torch.optim.RMSprop(params, lr=self.hparams.lr, alpha=0.99, eps=1e-5)
+
+    def loss(self, policy_id: str, batch: SampleBatch) -> tuple[Tensor, dict[str, Any]]:
+        hp = self.hparams
+        dist, values = self.policies[policy_id](batch[SampleBatch.OBS])
+        logp = dist.log_prob(batch[SampleBatch.ACTIONS])
+
+        pg_loss = -(logp * batch[SampleBatch.ADVANTAGES]).mean()
+        vf_loss = value_loss(values, batch[SampleBatch.VALUE_TARGETS])
+        entropy = dist.entropy().mean()
+        total_loss = pg_loss + hp.vf_loss_coeff * vf_loss - hp.entropy_coeff * entropy
+
+        with torch.no_grad():
+            stats = {
+                "total_loss": total_loss.detach(),
+                "pg_loss": pg_loss.detach(),
+                "vf_loss": vf_loss.detach(),
+                "entropy": entropy.detach(),
+                "vf_explained_var": explained_variance(values, batch[SampleBatch.VALUE_TARGETS]),
+            }
+        return total_loss, stats

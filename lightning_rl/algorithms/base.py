@@ -1,0 +1,236 @@
+"""RLModule: the Lightning plumbing every algorithm shares.
+
+One Lightning training step is one training iteration on one policy batch
+(manual optimization); the algorithm's ``learn_on_policy_batch`` does the update.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytorch_lightning as pl
+import torch
+from torch import Tensor, nn
+
+from lightning_rl.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
+from lightning_rl.data.envs import EnvSpec, env_spaces
+from lightning_rl.learner_info import LearnerInfoBuilder
+
+log = logging.getLogger(__name__)
+
+COUNTER_NAMES = (
+    "num_env_steps_sampled",
+    "num_env_steps_trained",
+    "num_agent_steps_sampled",
+    "num_agent_steps_trained",
+    "num_iterations",
+    "num_grad_updates",
+    "num_target_updates",
+)
+
+
+def check_positive(**values: float | None) -> None:
+    for name, value in values.items():
+        if value is not None and not value > 0:
+            raise ValueError(f"{name} must be positive, got {value}")
+
+
+def check_gamma(gamma: float) -> None:
+    if not 0.0 < gamma <= 1.0:
+        raise ValueError(f"gamma must be in (0, 1], got {gamma}")
+
+
+class RLModule(pl.LightningModule):
+    """Base of all algorithms: policies, counters, sampling access, the iteration loop.
+
+    Subclasses build ``self.policies`` (a ``ModuleDict`` by policy id), implement
+    ``learn_on_policy_batch`` and ``build_datamodule``, and may override
+    ``postprocess_rollout``.
+
+    Args:
+        env: a registered gymnasium id or a zero-argument callable returning a ``gymnasium.Env``.
+        num_envs: envs stepped in parallel (per process under DDP).
+        total_env_steps: stop ``fit`` once this many env steps were sampled (summed over
+            DDP ranks); ``None`` leaves stopping to the Trainer's limits.
+        iterations_per_epoch: training iterations in one Lightning epoch, the cadence of
+            epoch-based callbacks (checkpointing, validation).
+        seed: seeds network init, action sampling, minibatch shuffling and the envs
+            (``seed + 1000 * rank`` under DDP); ``None`` for random.
+        vectorization: ``"auto"`` (the env's own batched version where it registers one,
+            else ``"sync"``), ``"sync"``, ``"async"`` (one process per env) or
+            ``"vector_entry_point"``.
+        sampling_device: device the policy runs on while sampling; small MLPs are faster on
+            the CPU than with a GPU round trip per env step.
+    """
+
+    def __init__(
+        self,
+        env: EnvSpec,
+        num_envs: int,
+        total_env_steps: int | None,
+        iterations_per_epoch: int,
+        seed: int | None,
+        vectorization: str,
+        sampling_device: str,
+    ) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        if num_envs < 1:
+            raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+        if total_env_steps is not None and total_env_steps < 1:
+            raise ValueError(f"total_env_steps must be >= 1 or None, got {total_env_steps}")
+        self.observation_space, self.action_space = env_spaces(env)
+        self.counters: dict[str, int] = dict.fromkeys(COUNTER_NAMES, 0)
+        self.global_counters: dict[str, int] = dict(self.counters)
+        self.policies = nn.ModuleDict()
+        self.policies_to_train: list[str] = [DEFAULT_POLICY_ID]
+        self.shuffle_generator = torch.Generator()
+        if seed is not None:
+            self.shuffle_generator.manual_seed(seed)
+        self._default_datamodule: pl.LightningDataModule | None = None
+        self._sampling_copies: dict[tuple[str, torch.device], tuple[int, nn.Module]] = {}
+        self._weights_version = 0
+
+    # ----------------------------------------------------------------- policies
+    def check_spaces(self, observation_space: gym.Space, action_space: gym.Space) -> None:
+        """Raise if a DataModule's envs do not match the spaces the policies were built for."""
+        if observation_space != self.observation_space or action_space != self.action_space:
+            raise ValueError(
+                f"the DataModule's envs have spaces {observation_space}, {action_space}, but the "
+                f"module was built for {self.observation_space}, {self.action_space}"
+            )
+
+    def sampling_policy(self, policy_id: str, device: torch.device) -> nn.Module:
+        """The policy on ``device`` for sampling: itself, or a copy refreshed after each iteration."""
+        policy = self.policies[policy_id]
+        if next(policy.parameters()).device == device:
+            return policy
+        version, policy_copy = self._sampling_copies.get((policy_id, device), (-1, None))
+        if policy_copy is None:
+            policy_copy = copy.deepcopy(policy).to(device)
+        if version != self._weights_version:
+            policy_copy.load_state_dict(policy.state_dict())
+            self._sampling_copies[(policy_id, device)] = (self._weights_version, policy_copy)
+        return policy_copy
+
+    @torch.no_grad()
+    def compute_actions(
+        self, obs: np.ndarray | Tensor, policy_id: str = DEFAULT_POLICY_ID, explore: bool = True
+    ) -> np.ndarray | Tensor:
+        """Actions for a batch ``[N, *obs_shape]`` (or one observation); numpy in, numpy out."""
+        is_numpy = not isinstance(obs, Tensor)
+        obs_t = torch.as_tensor(np.asarray(obs) if is_numpy else obs, device=self.device)
+        single = tuple(obs_t.shape) == tuple(self.observation_space.shape or ())
+        if single:
+            obs_t = obs_t.unsqueeze(0)
+        actions = self.policies[policy_id].compute_actions(obs_t, explore=explore)["actions"]
+        if single:
+            actions = actions[0]
+        return actions.cpu().numpy() if is_numpy else actions
+
+    # ---------------------------------------------------------------- data
+    def build_datamodule(self) -> pl.LightningDataModule:
+        """The DataModule ``Trainer.fit(module)`` uses when none is given."""
+        raise NotImplementedError
+
+    def train_dataloader(self) -> Any:
+        # Only called when fit() got no DataModule: build the default one from our hparams.
+        dm = self.build_datamodule()
+        dm.trainer = self.trainer
+        dm.connect(self)  # type: ignore[attr-defined]
+        dm.setup("fit")
+        self._default_datamodule = dm
+        return dm.train_dataloader()
+
+    def teardown(self, stage: str) -> None:
+        if self._default_datamodule is not None:
+            self._default_datamodule.teardown(stage)
+            self._default_datamodule = None
+
+    def postprocess_rollout(
+        self, policy_id: str, rollout: SampleBatch, last_obs: Tensor, valid: Tensor
+    ) -> SampleBatch:
+        """Turn a time-major ``[T, N]`` rollout into a flat training batch of valid rows."""
+        flat = SampleBatch({k: v.reshape(-1, *v.shape[2:]) for k, v in rollout.items()})
+        return flat.select(valid.reshape(-1))
+
+    # ---------------------------------------------------------------- learning
+    def learn_on_policy_batch(self, policy_id: str, batch: SampleBatch, builder: LearnerInfoBuilder) -> None:
+        """Update policy ``policy_id`` on its batch; add results to ``builder``."""
+        raise NotImplementedError
+
+    def on_iteration_end(self, learner_info: dict[str, Any]) -> None:
+        """Per-iteration updates after learning (KL coefficient, target networks)."""
+
+    def policy_optimizer(self, policy_id: str) -> Any:
+        optimizers = self.optimizers()
+        if not isinstance(optimizers, list):
+            return optimizers
+        return optimizers[self.policies_to_train.index(policy_id)]
+
+    def training_step(self, batch: MultiAgentBatch, batch_idx: int) -> dict[str, Any]:
+        start = time.perf_counter()
+        batch = batch.as_multi_agent()
+        builder = LearnerInfoBuilder()
+        trained = 0
+        for policy_id in self.policies_to_train:
+            if policy_id in batch.policy_batches:
+                policy_batch = batch.policy_batches[policy_id]
+                self.learn_on_policy_batch(policy_id, policy_batch, builder)
+                trained += policy_batch.count
+        learner_info = builder.finalize()
+        self.on_iteration_end(learner_info)
+        self._weights_version += 1
+        c = self.counters
+        c["num_env_steps_sampled"] += batch.env_steps
+        c["num_agent_steps_sampled"] += batch.agent_steps()
+        c["num_env_steps_trained"] += trained
+        c["num_agent_steps_trained"] += trained
+        c["num_iterations"] += 1
+        self.global_counters = self._sum_over_ranks(c)
+        budget = self.hparams.get("total_env_steps")
+        if budget is not None and self.global_counters["num_env_steps_sampled"] >= budget:
+            self.trainer.should_stop = True
+        return {"learner_info": learner_info, "learn_time_s": time.perf_counter() - start}
+
+    def _sum_over_ranks(self, counters: dict[str, int]) -> dict[str, int]:
+        if self.trainer.world_size == 1:
+            return dict(counters)
+        local = torch.tensor([counters[k] for k in COUNTER_NAMES], dtype=torch.float64, device=self.device)
+        total = self.trainer.strategy.reduce(local, reduce_op="sum")
+        return {k: int(v) for k, v in zip(COUNTER_NAMES, total.tolist())}
+
+    # ---------------------------------------------------------------- Lightning hooks
+    def on_fit_start(self) -> None:
+        # Lightning turns "no limit given" into max_epochs=1000; with an env-step budget the
+        # budget is the limit, so lift the epoch cap (a user's explicit max_epochs of 1000
+        # is indistinguishable and is lifted too, as documented in the README).
+        fit_loop = self.trainer.fit_loop
+        if self.hparams.get("total_env_steps") and fit_loop.max_epochs == 1000 and self.trainer.max_steps == -1:
+            fit_loop.max_epochs = -1
+
+    def configure_callbacks(self) -> list[pl.Callback]:
+        from lightning_rl.callbacks import LearnerInfoCallback, RolloutMetricsCallback
+
+        present = {type(cb) for cb in self.trainer.callbacks} if self._trainer is not None else set()
+        return [cb() for cb in (LearnerInfoCallback, RolloutMetricsCallback) if cb not in present]
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["lightning_rl"] = {"counters": dict(self.counters), **self.extra_state()}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        state = checkpoint.get("lightning_rl", {})
+        self.counters.update(state.get("counters", {}))
+        self.load_extra_state(state)
+
+    def extra_state(self) -> dict[str, Any]:
+        """Algorithm state (plain Python values) saved in checkpoints beside the weights."""
+        return {}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        """Restore what ``extra_state`` saved."""

@@ -1,0 +1,130 @@
+"""Proximal Policy Optimization (Schulman et al. 2017, https://arxiv.org/abs/1707.06347)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lightning_rl.algorithms.on_policy import OnPolicyModule, Schedule, resolve_schedule
+from lightning_rl.batch import DEFAULT_POLICY_ID, SampleBatch
+from lightning_rl.data.envs import EnvSpec
+from lightning_rl.functional import explained_variance, ppo_surrogate_loss, value_loss
+
+
+class PPO(OnPolicyModule):
+    """PPO with the clipped surrogate, optional value clipping and an adaptive KL penalty.
+
+    Loss per minibatch (eq. 9 of the paper, with the KL penalty of its section 4)::
+
+        pg_loss + vf_loss_coeff * vf_loss - entropy_coeff * entropy + kl_coeff * kl
+
+    Args:
+        clip_param: surrogate clip range epsilon.
+        clip_param_schedule: ``"constant"``, ``"linear"`` (to 0 over ``total_env_steps``)
+            or ``[[env_step, value], ...]``.
+        vf_clip_param: clip value predictions to ``old +- vf_clip_param``; ``None`` = off.
+        kl_coeff: initial coefficient of the KL(old || new) penalty; 0 disables it.
+        kl_target: after each iteration the coefficient is multiplied by 1.5 when the mean
+            KL exceeds ``2 * kl_target`` and by 0.5 when it is below ``kl_target / 2``.
+        standardize_fields: batch columns standardized per policy batch before SGD.
+
+    See ``OnPolicyModule``/``RLModule`` and the README for the shared hyperparameters.
+    """
+
+    def __init__(
+        self,
+        env: EnvSpec = "CartPole-v1",
+        num_envs: int = 8,
+        rollout_fragment_length: int = 32,
+        total_env_steps: int | None = 100_000,
+        iterations_per_epoch: int = 10,
+        seed: int | None = None,
+        vectorization: str = "auto",
+        sampling_device: str = "cpu",
+        lr: float = 3e-4,
+        lr_schedule: Schedule = None,
+        gamma: float = 0.99,
+        lambda_: float = 0.95,
+        num_sgd_iter: int = 10,
+        sgd_minibatch_size: int = 64,
+        grad_clip: float | None = 0.5,
+        standardize_fields: Sequence[str] = ("advantages",),
+        hiddens: Sequence[int] = (64, 64),
+        activation: str = "tanh",
+        vf_share_layers: bool = False,
+        log_std_init: float = 0.0,
+        clip_param: float = 0.2,
+        clip_param_schedule: Schedule = None,
+        vf_clip_param: float | None = None,
+        vf_loss_coeff: float = 0.5,
+        entropy_coeff: float = 0.0,
+        kl_coeff: float = 0.0,
+        kl_target: float = 0.01,
+    ) -> None:
+        super().__init__(
+            env, num_envs, rollout_fragment_length, total_env_steps, iterations_per_epoch, seed, vectorization,
+            sampling_device, lr, lr_schedule, gamma, lambda_, num_sgd_iter, sgd_minibatch_size, grad_clip,
+            standardize_fields, hiddens, activation, vf_share_layers, log_std_init,
+        )
+        self.save_hyperparameters()
+        if clip_param <= 0 or (vf_clip_param is not None and vf_clip_param <= 0):
+            raise ValueError(f"clip_param and vf_clip_param must be positive, got {clip_param}, {vf_clip_param}")
+        if kl_coeff < 0 or kl_target <= 0:
+            raise ValueError(f"kl_coeff must be >= 0 and kl_target > 0, got {kl_coeff}, {kl_target}")
+        self.clip_points = resolve_schedule("clip_param_schedule", clip_param_schedule, clip_param, total_env_steps)
+        self.kl_coeff = {DEFAULT_POLICY_ID: float(kl_coeff)}
+
+    def loss(self, policy_id: str, batch: SampleBatch) -> tuple[Tensor, dict[str, Any]]:
+        hp = self.hparams
+        dist, values = self.policies[policy_id](batch[SampleBatch.OBS])
+        logp = dist.log_prob(batch[SampleBatch.ACTIONS])
+        clip_param = self.current(self.clip_points, hp.clip_param)
+
+        old_logp = batch[SampleBatch.ACTION_LOGP]
+        pg_loss, ratio = ppo_surrogate_loss(logp, old_logp, batch[SampleBatch.ADVANTAGES], clip_param)
+        vf_loss = value_loss(values, batch[SampleBatch.VALUE_TARGETS], batch[SampleBatch.VF_PREDS], hp.vf_clip_param)
+        entropy = dist.entropy().mean()
+        # KL(old || new) by the non-negative, unbiased estimator (r - 1) - log r (Schulman 2020, "Approximating KL").
+        log_ratio = logp - old_logp
+        kl = ((ratio - 1) - log_ratio).mean()
+        kl_coeff = self.kl_coeff[policy_id]
+
+        total_loss = pg_loss + hp.vf_loss_coeff * vf_loss - hp.entropy_coeff * entropy
+        if kl_coeff > 0:
+            total_loss = total_loss + kl_coeff * kl
+
+        with torch.no_grad():
+            stats = {
+                "total_loss": total_loss.detach(),
+                "pg_loss": pg_loss.detach(),
+                "vf_loss": vf_loss.detach(),
+                "entropy": entropy.detach(),
+                "kl": kl.detach(),
+                "kl_coeff": kl_coeff,
+                "cur_clip_param": clip_param,
+                "clip_fraction": ((ratio - 1).abs() > clip_param).float().mean(),
+                "vf_explained_var": explained_variance(values, batch[SampleBatch.VALUE_TARGETS]),
+                "max_ratio": ratio.max(),
+            }
+        return total_loss, stats
+
+    def on_iteration_end(self, learner_info: dict[str, Any]) -> None:
+        """Adapt the KL coefficient toward ``kl_target`` (paper, section 4)."""
+        for policy_id, info in learner_info.items():
+            coeff = self.kl_coeff[policy_id]
+            kl = info["learner_stats"]["kl"]
+            if coeff == 0:
+                continue
+            if kl > 2.0 * self.hparams.kl_target:
+                self.kl_coeff[policy_id] = coeff * 1.5
+            elif kl < 0.5 * self.hparams.kl_target:
+                self.kl_coeff[policy_id] = coeff * 0.5
+
+    def extra_state(self) -> dict[str, Any]:
+        return {"kl_coeff": dict(self.kl_coeff)}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        self.kl_coeff.update(state.get("kl_coeff", {}))

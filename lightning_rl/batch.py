@@ -1,0 +1,209 @@
+"""Policy batches: named columns of tensors with a common leading dimension.
+
+Column names used across the library (``SampleBatch.OBS`` etc.):
+
+========================  ==================================================
+``obs``                   observation the action was taken in
+``actions``               action sent to the env (before clipping to bounds)
+``rewards``               reward of that step
+``terminateds``           the episode ended in a terminal state
+``truncateds``            the episode was cut (time limit); not terminal
+``next_obs``              observation after the step (off-policy)
+``action_logp``           log-probability of the action under the sampler
+``vf_preds``              value estimate of ``obs`` under the sampler
+``advantages``            GAE advantages (on-policy post-processing)
+``value_targets``         targets of the value function
+``seq_lens``              lengths of consecutive sequences (recurrent)
+``batch_indexes``         replay-buffer indexes of the rows (off-policy)
+``weights``               importance weights of the rows (prioritized replay)
+========================  ==================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+DEFAULT_POLICY_ID = "default_policy"
+
+_Index = slice | Tensor | np.ndarray | Sequence[int]
+
+
+class SampleBatch(dict):
+    """A dict of column name -> tensor, all with the same leading dimension ``count``.
+
+    ``batch["obs"]`` returns a column; ``batch[idx]`` with a slice, index tensor or
+    array returns a new ``SampleBatch`` of those rows.
+    """
+
+    OBS = "obs"
+    ACTIONS = "actions"
+    REWARDS = "rewards"
+    TERMINATEDS = "terminateds"
+    TRUNCATEDS = "truncateds"
+    NEXT_OBS = "next_obs"
+    ACTION_LOGP = "action_logp"
+    VF_PREDS = "vf_preds"
+    ADVANTAGES = "advantages"
+    VALUE_TARGETS = "value_targets"
+    SEQ_LENS = "seq_lens"
+    BATCH_INDEXES = "batch_indexes"
+    WEIGHTS = "weights"
+
+    def __init__(self, columns: Mapping[str, Tensor] | None = None, **kwargs: Tensor) -> None:
+        super().__init__()
+        for key, value in {**(columns or {}), **kwargs}.items():
+            self[key] = value
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if not isinstance(value, Tensor):
+            value = torch.as_tensor(value)
+        super().__setitem__(key, value)
+
+    def __getitem__(self, key: str | _Index) -> Any:  # type: ignore[override]
+        if isinstance(key, str):
+            return super().__getitem__(key)
+        return self.select(key)
+
+    @property
+    def count(self) -> int:
+        """Number of rows (env or agent steps); ``seq_lens`` is not a row column."""
+        for key, value in self.items():
+            if key != self.SEQ_LENS:
+                return int(value.shape[0])
+        return 0
+
+    def __len__(self) -> int:  # a batch's length is its row count, like a tensor's
+        return self.count
+
+    def num_columns(self) -> int:
+        return dict.__len__(self)
+
+    def select(self, index: _Index) -> SampleBatch:
+        """Rows at ``index`` (slice, bool mask, or integer indices) as a new batch."""
+        if isinstance(index, np.ndarray):
+            index = torch.from_numpy(index)
+        elif not isinstance(index, (slice, Tensor)):
+            index = torch.as_tensor(index, dtype=torch.long)
+        out = SampleBatch()
+        for key, value in self.items():
+            if key == self.SEQ_LENS:
+                continue
+            dict.__setitem__(out, key, value[index])
+        return out
+
+    @staticmethod
+    def concat_samples(batches: Sequence[SampleBatch]) -> SampleBatch:
+        """Concatenate batches row-wise; all must have the same columns."""
+        if not batches:
+            return SampleBatch()
+        keys = list(batches[0].keys())
+        for b in batches[1:]:
+            if set(b.keys()) != set(keys):
+                raise ValueError(f"cannot concat batches with columns {sorted(keys)} and {sorted(b.keys())}")
+        return SampleBatch({k: torch.cat([b[k] for b in batches], dim=0) for k in keys})
+
+    def concat(self, other: SampleBatch) -> SampleBatch:
+        return SampleBatch.concat_samples([self, other])
+
+    def _sequence_starts(self) -> Tensor:
+        seq_lens = self[self.SEQ_LENS].long()
+        return torch.cumsum(seq_lens, 0) - seq_lens
+
+    def shuffle(self, generator: torch.Generator | None = None) -> SampleBatch:
+        """Rows in random order; with ``seq_lens`` whole sequences are permuted."""
+        if self.SEQ_LENS not in self:
+            return self.select(torch.randperm(self.count, generator=generator))
+        seq_lens = self[self.SEQ_LENS].long()
+        starts = self._sequence_starts()
+        order = torch.randperm(len(seq_lens), generator=generator)
+        rows = torch.cat([torch.arange(starts[i], starts[i] + seq_lens[i]) for i in order.tolist()])
+        out = self.select(rows)
+        dict.__setitem__(out, self.SEQ_LENS, seq_lens[order])
+        return out
+
+    def minibatches(
+        self, size: int, generator: torch.Generator | None = None, shuffle: bool = True
+    ) -> Iterator[SampleBatch]:
+        """Yield minibatches of ``size`` rows (the last may be smaller).
+
+        With ``seq_lens`` present, minibatches hold whole sequences: a sequence is never
+        split, so a minibatch holds sequences until adding the next would exceed ``size``.
+        """
+        if size <= 0:
+            raise ValueError(f"minibatch size must be positive, got {size}")
+        batch = self.shuffle(generator) if shuffle else self
+        if self.SEQ_LENS not in batch:
+            for start in range(0, batch.count, size):
+                yield batch.select(slice(start, start + size))
+            return
+        seq_lens = batch[self.SEQ_LENS].long().tolist()
+        first_seq, first_row, rows = 0, 0, 0
+        for i, n in enumerate(seq_lens):
+            if rows and rows + n > size:
+                mb = batch.select(slice(first_row, first_row + rows))
+                dict.__setitem__(mb, self.SEQ_LENS, batch[self.SEQ_LENS][first_seq:i])
+                yield mb
+                first_seq, first_row, rows = i, first_row + rows, 0
+            rows += n
+        if rows:
+            mb = batch.select(slice(first_row, first_row + rows))
+            dict.__setitem__(mb, self.SEQ_LENS, batch[self.SEQ_LENS][first_seq:])
+            yield mb
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> SampleBatch:
+        out = SampleBatch()
+        for key, value in self.items():
+            dict.__setitem__(out, key, value.to(device, non_blocking=non_blocking))
+        return out
+
+    def as_multi_agent(self) -> MultiAgentBatch:
+        """Wrap as a one-policy ``MultiAgentBatch`` under ``"default_policy"``."""
+        return MultiAgentBatch({DEFAULT_POLICY_ID: self}, env_steps=self.count)
+
+    def __repr__(self) -> str:
+        cols = ", ".join(f"{k}: {tuple(v.shape)}" for k, v in self.items())
+        return f"SampleBatch(count={self.count}, {cols})"
+
+
+class MultiAgentBatch:
+    """Per-policy ``SampleBatch``es from ``env_steps`` environment steps.
+
+    Learner code treats every batch as multi-agent; single-agent is the one-policy case.
+    ``info`` carries what the sampler observed (episode returns, timings) for callbacks;
+    it is not training data.
+    """
+
+    def __init__(
+        self,
+        policy_batches: dict[str, SampleBatch],
+        env_steps: int,
+        info: dict[str, Any] | None = None,
+    ) -> None:
+        self.policy_batches = policy_batches
+        self.env_steps = int(env_steps)
+        self.info: dict[str, Any] = info or {}
+
+    @property
+    def count(self) -> int:
+        return self.env_steps
+
+    def agent_steps(self) -> int:
+        return sum(b.count for b in self.policy_batches.values())
+
+    def as_multi_agent(self) -> MultiAgentBatch:
+        return self
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> MultiAgentBatch:
+        return MultiAgentBatch(
+            {pid: b.to(device, non_blocking) for pid, b in self.policy_batches.items()},
+            self.env_steps,
+            self.info,
+        )
+
+    def __repr__(self) -> str:
+        return f"MultiAgentBatch(env_steps={self.env_steps}, policy_batches={self.policy_batches})"

@@ -1,0 +1,6 @@
+"""Callbacks that observe training and log what they see; none changes the model."""
+
+from lightning_rl.callbacks.episodes import RolloutMetricsCallback
+from lightning_rl.callbacks.learner_info import LearnerInfoCallback
+
+__all__ = ["LearnerInfoCallback", "RolloutMetricsCallback"]

@@ -1,0 +1,77 @@
+"""Episode returns, counters and throughput, logged under ``rollout/``, ``counters/``, ``perf/``."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+
+
+class RolloutMetricsCallback(pl.Callback):
+    """Observes each policy batch's ``info`` and the module's counters.
+
+    ``rollout/episode_return_mean`` is the mean over the last ``window`` episodes of every
+    rank; counters are global (summed over ranks) and ``step`` (the loggers' x axis) is
+    the global count of env steps sampled.
+    """
+
+    def __init__(self, window: int = 100) -> None:
+        self.window = window
+        self.returns: deque[float] = deque(maxlen=window)
+        self.lengths: deque[int] = deque(maxlen=window)
+        self._last_time: float | None = None
+        self._last_steps = 0
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._last_time = time.perf_counter()
+        self._last_steps = pl_module.global_counters["num_env_steps_sampled"]
+
+    def _episode_stats(self, pl_module: pl.LightningModule) -> tuple[float, float, float, float, float]:
+        """(count, return sum, length sum, min return, max return) over all ranks' windows."""
+        n = len(self.returns)
+        local = torch.tensor(
+            [n, sum(self.returns), sum(self.lengths), min(self.returns, default=float("inf")),
+             max(self.returns, default=float("-inf"))],
+            dtype=torch.float64,
+        )
+        gathered = pl_module.all_gather(local).reshape(-1, 5)
+        return (
+            gathered[:, 0].sum().item(), gathered[:, 1].sum().item(), gathered[:, 2].sum().item(),
+            gathered[:, 3].min().item(), gathered[:, 4].max().item(),
+        )
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        info = getattr(batch, "info", {})
+        returns = info.get("episode_returns", [])
+        self.returns.extend(returns)
+        self.lengths.extend(info.get("episode_lengths", []))
+        metrics: dict[str, float] = {}
+        count, ret_sum, len_sum, ret_min, ret_max = self._episode_stats(pl_module)
+        if count > 0:  # no finished episode yet: log nothing rather than NaN
+            metrics["rollout/episode_return_mean"] = ret_sum / count
+            metrics["rollout/episode_len_mean"] = len_sum / count
+            metrics["rollout/episode_return_min"] = ret_min
+            metrics["rollout/episode_return_max"] = ret_max
+        metrics["rollout/episodes_this_iter"] = float(len(returns))
+        counters = pl_module.global_counters
+        for name, value in counters.items():
+            metrics[f"counters/{name}"] = float(value)
+        now = time.perf_counter()
+        steps = counters["num_env_steps_sampled"]
+        if self._last_time is not None and now > self._last_time:
+            metrics["perf/env_steps_per_s"] = (steps - self._last_steps) / (now - self._last_time)
+        self._last_time, self._last_steps = now, steps
+        if "sample_time_s" in info:
+            metrics["perf/sample_time_ms"] = 1000.0 * info["sample_time_s"]
+        if outputs and "learn_time_s" in outputs:
+            metrics["perf/learn_time_ms"] = 1000.0 * outputs["learn_time_s"]
+        pl_module.log_dict(metrics, batch_size=1)
+        pl_module.log("step", float(steps), batch_size=1)  # loggers' x axis: global env steps
+        if "rollout/episode_return_mean" in metrics:
+            pl_module.log("return", metrics["rollout/episode_return_mean"], prog_bar=True, logger=False, batch_size=1)
+        pl_module.log("env_steps", float(steps), prog_bar=True, logger=False, batch_size=1)

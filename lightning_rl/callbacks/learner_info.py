@@ -1,0 +1,43 @@
+"""Logs learner info as ``learner/<policy_id>/<path>`` each iteration."""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import pytorch_lightning as pl
+
+
+def flatten_scalars(tree: Mapping[str, Any], prefix: str) -> Iterator[tuple[str, float]]:
+    """``(path, value)`` of every numeric scalar leaf; arrays (``td_error``), ``None`` and text are skipped."""
+    for key, value in tree.items():
+        path = f"{prefix}/{key}"
+        if isinstance(value, Mapping):
+            yield from flatten_scalars(value, path)
+        elif isinstance(value, numbers.Number) and not isinstance(value, bool):
+            yield path, float(value)
+
+
+def reduce_fx_for(path: str) -> str:
+    """Across DDP ranks the builder's rules hold: ``min_*`` min, ``max_*`` max, else mean."""
+    leaf = path.rsplit("/", 1)[-1]
+    if leaf.startswith("min_"):
+        return "min"
+    if leaf.startswith("max_"):
+        return "max"
+    return "mean"
+
+
+class LearnerInfoCallback(pl.Callback):
+    """Observes the ``learner_info`` a training step returns and logs its scalars."""
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if not outputs or "learner_info" not in outputs:
+            return
+        sync = trainer.world_size > 1
+        for policy_id, info in outputs["learner_info"].items():
+            for path, value in flatten_scalars(info, f"learner/{policy_id}"):
+                pl_module.log(path, value, reduce_fx=reduce_fx_for(path), sync_dist=sync, batch_size=1)

@@ -1,0 +1,126 @@
+"""Pure math shared by the algorithms. Every function states the shapes it takes.
+
+Time-major arrays are ``[T, B]``: ``T`` steps of ``B`` parallel envs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import pairwise
+
+import torch
+from torch import Tensor
+
+
+def gae(
+    rewards: Tensor,
+    values: Tensor,
+    bootstrap_value: Tensor,
+    terminateds: Tensor,
+    truncateds: Tensor,
+    gamma: float,
+    lambda_: float,
+) -> tuple[Tensor, Tensor]:
+    """Generalized advantage estimation (Schulman et al. 2016) over time-major arrays.
+
+    Args:
+        rewards: ``[T, B]`` reward of step ``t``.
+        values: ``[T, B]`` value of the observation step ``t`` was taken in.
+        bootstrap_value: ``[B]`` value of the observation after the last step.
+        terminateds: ``[T, B]`` step ``t`` ended the episode in a terminal state.
+        truncateds: ``[T, B]`` step ``t`` cut the episode (time limit): not terminal.
+
+    The value of the next observation is ``values[t + 1]`` (``bootstrap_value`` for the
+    last step). On truncation it is the value of the episode's final observation and is
+    bootstrapped; on termination it is zero. Either way the advantage recursion stops.
+
+    With gymnasium's next-step autoreset the row after an episode end is a reset step:
+    its observation is the final observation (so ``values`` there is exactly the
+    bootstrap value truncation needs) and its action was ignored. Its advantage is
+    meaningless and must not be trained on; the rows before it are unaffected.
+
+    Returns:
+        ``(advantages, value_targets)``, both ``[T, B]``; targets are ``advantages + values``.
+    """
+    terminateds = terminateds.to(values.dtype)
+    dones = torch.maximum(terminateds, truncateds.to(values.dtype))
+    next_values = torch.cat([values[1:], bootstrap_value.unsqueeze(0)], dim=0)
+    deltas = rewards + gamma * next_values * (1.0 - terminateds) - values
+    discounts = gamma * lambda_ * (1.0 - dones)
+    advantages = torch.empty_like(values)
+    last = torch.zeros_like(bootstrap_value)
+    for t in range(values.shape[0] - 1, -1, -1):
+        last = deltas[t] + discounts[t] * last
+        advantages[t] = last
+    return advantages, advantages + values
+
+
+def standardized(x: Tensor, eps: float = 1e-4) -> Tensor:
+    """``(x - mean) / max(eps, std)`` over all elements of ``x`` (any shape)."""
+    return (x - x.mean()) / x.std(unbiased=False).clamp_min(eps)
+
+
+def ppo_surrogate_loss(
+    logp: Tensor, old_logp: Tensor, advantages: Tensor, clip_param: float
+) -> tuple[Tensor, Tensor]:
+    """PPO's clipped surrogate objective (Schulman et al. 2017, eq. 7), as a loss.
+
+    Args:
+        logp: ``[N]`` log-probability of the taken actions under the current policy.
+        old_logp: ``[N]`` the same under the policy that sampled them.
+        advantages: ``[N]``.
+
+    Returns:
+        ``(pg_loss, ratio)``: the scalar loss ``-mean(min(r A, clip(r) A))`` and ``[N]`` ratios.
+    """
+    ratio = torch.exp(logp - old_logp)
+    surrogate = torch.minimum(
+        ratio * advantages, torch.clamp(ratio, 1.0 - clip_param, 1.0 + clip_param) * advantages
+    )
+    return -surrogate.mean(), ratio
+
+
+def value_loss(
+    values: Tensor, value_targets: Tensor, old_values: Tensor | None = None, vf_clip_param: float | None = None
+) -> Tensor:
+    """Squared-error value loss, optionally clipped around the sampler's predictions.
+
+    Args:
+        values: ``[N]`` current value predictions.
+        value_targets: ``[N]``.
+        old_values: ``[N]`` predictions of the sampling policy (needed when clipping).
+        vf_clip_param: clip the new prediction to ``old_values +- vf_clip_param`` and take
+            the larger of the clipped and unclipped errors (PPO2 value clipping); ``None``
+            means no clipping.
+
+    Returns:
+        scalar ``mean(error**2)`` (no factor 1/2, as in RLlib and Stable-Baselines3).
+    """
+    err = (values - value_targets).pow(2)
+    if vf_clip_param is not None:
+        if old_values is None:
+            raise ValueError("value clipping needs old_values")
+        clipped = old_values + torch.clamp(values - old_values, -vf_clip_param, vf_clip_param)
+        err = torch.maximum(err, (clipped - value_targets).pow(2))
+    return err.mean()
+
+
+def explained_variance(y_pred: Tensor, y_true: Tensor) -> Tensor:
+    """``1 - Var[y_true - y_pred] / Var[y_true]`` of ``[N]`` arrays; ``-1`` (clamped) when worse than a constant."""
+    var_y = y_true.var(unbiased=False)
+    if var_y == 0:
+        return torch.zeros((), device=y_true.device)
+    return torch.clamp(1.0 - (y_true - y_pred).var(unbiased=False) / var_y, min=-1.0)
+
+
+def piecewise_linear(points: Sequence[tuple[float, float]], t: float) -> float:
+    """Value at ``t`` of the piecewise-linear schedule through ``[(t0, v0), (t1, v1), ...]``.
+
+    Before the first point the first value holds, after the last the last value.
+    """
+    if t <= points[0][0]:
+        return float(points[0][1])
+    for (t0, v0), (t1, v1) in pairwise(points):
+        if t < t1:
+            return float(v0 + (t - t0) / (t1 - t0) * (v1 - v0))
+    return float(points[-1][1])

@@ -1,0 +1,101 @@
+"""LearnerInfoBuilder: one result dict per policy from many learn-on-batch calls.
+
+Whatever the setup (one minibatch or hundreds, one policy or many), the learner
+info has the same structure: ``{policy_id: {"learner_stats": {...}, "td_error": ..., ...}}``.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from lightning_rl.batch import DEFAULT_POLICY_ID
+
+LEARNER_STATS_KEY = "learner_stats"
+
+
+def _to_python(value: Any) -> Any:
+    """Tensors and numpy scalars to floats / arrays, so results never hold graph or device memory."""
+    if isinstance(value, torch.Tensor):
+        value = value.detach()
+        return value.item() if value.numel() == 1 and value.dim() == 0 else value.cpu().numpy()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def _is_numeric(value: Any) -> bool:
+    if isinstance(value, bool):
+        return True
+    if isinstance(value, numbers.Number):
+        return True
+    return isinstance(value, np.ndarray) and np.issubdtype(value.dtype, np.number)
+
+
+def reduce_leaf(name: str, values: list[Any]) -> Any:
+    """Reduce the values one leaf took over all learn-on-batch calls.
+
+    ``td_error`` is concatenated (priorities must survive); ``min_*`` takes the min,
+    ``max_*`` the max; numbers the nan-mean; ``None`` stays ``None``; anything else
+    (strings, objects) keeps its last value.
+    """
+    values = [_to_python(v) for v in values]
+    if name == "td_error":
+        return np.concatenate([np.atleast_1d(np.asarray(v)) for v in values], axis=0)
+    if values[0] is None:
+        return None
+    if not all(_is_numeric(v) for v in values):
+        return values[-1]
+    arr = np.asarray(values, dtype=np.float64)
+    if np.isnan(arr).all():
+        return math.nan
+    if name.startswith("min_"):
+        return float(np.nanmin(arr))
+    if name.startswith("max_"):
+        return float(np.nanmax(arr))
+    return float(np.nanmean(arr))
+
+
+def _reduce_tree(results: list[Mapping[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    keys: list[str] = []
+    for r in results:  # union of keys, in first-seen order
+        keys.extend(k for k in r if k not in keys)
+    for key in keys:
+        values = [r[key] for r in results if key in r]
+        if isinstance(values[0], Mapping):
+            out[key] = _reduce_tree([v for v in values if isinstance(v, Mapping)])
+        else:
+            out[key] = reduce_leaf(key, values)
+    return out
+
+
+class LearnerInfoBuilder:
+    """Collects learn-on-batch results per policy and reduces them once in ``finalize``."""
+
+    def __init__(self) -> None:
+        self._results: dict[str, list[Mapping[str, Any]]] = {}
+        self._finalized = False
+
+    def add_learn_on_batch_results(
+        self, results: Mapping[str, Any], policy_id: str = DEFAULT_POLICY_ID
+    ) -> None:
+        """Add one policy's results (a nested dict) from one learn-on-batch call."""
+        if self._finalized:
+            raise RuntimeError("LearnerInfoBuilder was already finalized; create a new one per iteration")
+        self._results.setdefault(policy_id, []).append(results)
+
+    def add_learn_on_batch_results_multi_agent(self, all_policies_results: Mapping[str, Mapping[str, Any]]) -> None:
+        """Add ``{policy_id: results}`` from one multi-agent learn-on-batch call."""
+        for policy_id, results in all_policies_results.items():
+            self.add_learn_on_batch_results(results, policy_id)
+
+    def finalize(self) -> dict[str, dict[str, Any]]:
+        """Reduce every policy's results leaf by leaf (see ``reduce_leaf``); call once."""
+        self._finalized = True
+        return {pid: _reduce_tree(results) for pid, results in self._results.items()}

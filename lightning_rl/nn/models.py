@@ -1,0 +1,117 @@
+"""Networks: MLP encoders and the actor-critic policy of the policy-gradient methods."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from lightning_rl.nn.distributions import Categorical, DiagGaussian, Distribution
+
+ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "silu": nn.SiLU}
+
+
+def mlp(in_dim: int, hiddens: Sequence[int], activation: str) -> nn.Sequential:
+    """Fully connected layers ``in_dim -> hiddens...``, each followed by ``activation``."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {activation!r}; choose one of {sorted(ACTIVATIONS)}")
+    layers: list[nn.Module] = []
+    for size in hiddens:
+        layers += [nn.Linear(in_dim, size), ACTIVATIONS[activation]()]
+        in_dim = size
+    return nn.Sequential(*layers)
+
+
+def _init_linear(module: nn.Module, gain: float) -> None:
+    # Orthogonal init (Saxe et al. 2014) as in the PPO reference implementations:
+    # sqrt(2) for hidden layers, 0.01 for the policy head, 1 for the value head.
+    for m in module.modules():
+        if isinstance(m, nn.Linear):
+            nn.init.orthogonal_(m.weight, gain)
+            nn.init.zeros_(m.bias)
+
+
+def flat_obs_dim(space: gym.Space) -> int:
+    """Input width for an observation space; raises naming the space if unsupported."""
+    if isinstance(space, gym.spaces.Box):
+        return int(np.prod(space.shape))
+    if isinstance(space, gym.spaces.Discrete):
+        return int(space.n)
+    raise ValueError(f"unsupported observation space {space}: use Box or Discrete observations")
+
+
+def preprocess_obs(obs: Tensor, space: gym.Space) -> Tensor:
+    """``[N, *obs_shape]`` env observations -> ``[N, flat_obs_dim]`` float network input."""
+    if isinstance(space, gym.spaces.Discrete):
+        return nn.functional.one_hot(obs.long().reshape(-1) - int(space.start), int(space.n)).float()
+    return obs.reshape(obs.shape[0], -1).float()
+
+
+class ActorCritic(nn.Module):
+    """Policy and value function; separate networks unless ``vf_share_layers``.
+
+    Discrete actions get a categorical distribution over logits; Box actions a diagonal
+    Gaussian with a state-independent learned log std (actions are clipped to the
+    bounds only when sent to the env, so log-probabilities stay exact).
+    """
+
+    def __init__(
+        self,
+        observation_space: gym.Space,
+        action_space: gym.Space,
+        hiddens: Sequence[int] = (64, 64),
+        activation: str = "tanh",
+        vf_share_layers: bool = False,
+        log_std_init: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.observation_space = observation_space
+        self.action_space = action_space
+        in_dim = flat_obs_dim(observation_space)
+        if isinstance(action_space, gym.spaces.Discrete):
+            num_outputs = int(action_space.n)
+            self.log_std = None
+        elif isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1:
+            num_outputs = int(action_space.shape[0])
+            self.log_std = nn.Parameter(torch.full((num_outputs,), float(log_std_init)))
+        else:
+            raise ValueError(f"unsupported action space {action_space}: use Discrete or 1-D Box actions")
+        hiddens = list(hiddens)
+        out_dim = hiddens[-1] if hiddens else in_dim
+        self.pi_encoder = mlp(in_dim, hiddens, activation)
+        self.vf_encoder = None if vf_share_layers else mlp(in_dim, hiddens, activation)
+        self.pi_head = nn.Linear(out_dim, num_outputs)
+        self.vf_head = nn.Linear(out_dim, 1)
+        _init_linear(self.pi_encoder, math.sqrt(2))
+        if self.vf_encoder is not None:
+            _init_linear(self.vf_encoder, math.sqrt(2))
+        _init_linear(self.pi_head, 0.01)
+        _init_linear(self.vf_head, 1.0)
+
+    def distribution(self, pi_out: Tensor) -> Distribution:
+        if self.log_std is None:
+            return Categorical(pi_out)
+        return DiagGaussian(pi_out, self.log_std)
+
+    def forward(self, obs: Tensor) -> tuple[Distribution, Tensor]:
+        """``[N, *obs_shape]`` -> (action distribution over ``N`` rows, ``[N]`` values)."""
+        x = preprocess_obs(obs, self.observation_space)
+        features = self.pi_encoder(x)
+        vf_features = features if self.vf_encoder is None else self.vf_encoder(x)
+        return self.distribution(self.pi_head(features)), self.vf_head(vf_features).squeeze(-1)
+
+    def value(self, obs: Tensor) -> Tensor:
+        x = preprocess_obs(obs, self.observation_space)
+        return self.vf_head((self.pi_encoder if self.vf_encoder is None else self.vf_encoder)(x)).squeeze(-1)
+
+    def compute_actions(
+        self, obs: Tensor, explore: bool = True, generator: torch.Generator | None = None
+    ) -> dict[str, Tensor]:
+        """Actions for ``[N, *obs_shape]`` observations, with their log-probs and values."""
+        dist, values = self(obs)
+        actions = dist.sample(generator) if explore else dist.deterministic_sample()
+        return {"actions": actions, "action_logp": dist.log_prob(actions), "vf_preds": values}
