@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_rl.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
-from lightning_rl.data.envs import EnvSpec, env_spaces
+from lightning_rl.data.envs import EnvSpec, env_spaces, resolve_vectorization
 from lightning_rl.learner_info import LearnerInfoBuilder
 
 log = logging.getLogger(__name__)
@@ -85,6 +85,8 @@ class RLModule(pl.LightningModule):
         if total_env_steps is not None and total_env_steps < 1:
             raise ValueError(f"total_env_steps must be >= 1 or None, got {total_env_steps}")
         self.observation_space, self.action_space = env_spaces(env)
+        resolve_vectorization(env, vectorization)
+        self.sampling_device = torch.device(sampling_device)
         self.counters: dict[str, int] = dict.fromkeys(COUNTER_NAMES, 0)
         self.global_counters: dict[str, int] = dict(self.counters)
         self.policies = nn.ModuleDict()

@@ -86,6 +86,7 @@ class OnPolicyModule(RLModule):
                 f"sgd_minibatch_size ({sgd_minibatch_size}) is larger than the train batch "
                 f"(num_envs * rollout_fragment_length = {self.train_batch_size})"
             )
+        self.num_sgd_iter = num_sgd_iter
         self.num_minibatches = math.ceil(self.train_batch_size / sgd_minibatch_size)
         self.lr_points = resolve_schedule("lr_schedule", lr_schedule, lr, total_env_steps)
         with torch.random.fork_rng():
@@ -152,7 +153,7 @@ class OnPolicyModule(RLModule):
         lr = self.current(self.lr_points, self.hparams.lr)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        for _ in range(self.hparams.num_sgd_iter):
+        for _ in range(self.num_sgd_iter):
             order = torch.randperm(batch.count, generator=self.shuffle_generator).to(self.device)
             for rows in order.tensor_split(self.num_minibatches):
                 loss, stats = self.loss(policy_id, batch.select(rows))

@@ -1,0 +1,403 @@
+"""Benchmark lightning_rl's PPO and A2C against Stable-Baselines3 on CartPole-v1.
+
+Both implementations get the rl-baselines3-zoo hyperparameters for CartPole-v1:
+
+* PPO: 8 envs, 32 steps per env per iteration, batch 256 (one minibatch), 20 epochs, lr 1e-3 and
+  clip range 0.2 both decaying linearly to 0, gamma 0.98, GAE lambda 0.8, no entropy bonus,
+  value loss coefficient 0.5, grad-norm clip 0.5; 100k env steps.
+* A2C: 8 envs, 5 steps per env per iteration, RMSprop (alpha 0.99, eps 1e-5), lr 7e-4, gamma 0.99,
+  GAE lambda 1.0, no entropy bonus, no advantage normalization; 500k env steps.
+
+Runs alternate within one invocation (ours-sync seed 0, ours-vec seed 0, sb3 seed 0, ours-sync
+seed 1, ...), so slow drifts in machine load hit all implementations alike.
+
+Measured per run:
+
+* ``steps/s``: env steps sampled (``model.counters["num_env_steps_sampled"]`` / SB3's
+  ``num_timesteps``) divided by the wall time of ``trainer.fit`` / ``model.learn``. Env and
+  model construction outside those calls is not timed (milliseconds for CartPole).
+* ``solve s``: wall time from the start of ``fit`` / ``learn`` until the mean return of the last
+  20 finished episodes first reaches >= 475 (``None`` if never). The check runs once per
+  iteration, right after the rollout was sampled and before the update on it, for both (ours in
+  ``on_train_batch_start``, SB3 in ``_on_rollout_end``), so neither is charged for the update
+  on the batch that solved. ``solve steps`` is the env-step count at that moment.
+
+Known differences between the two implementations (not benchmark artifacts):
+
+* SB3 standardizes PPO advantages per minibatch, lightning_rl per iteration batch; with
+  batch 256 = minibatch 256 the two coincide here.
+* lightning_rl uses gymnasium's next-step autoreset: the step after an episode end only resets
+  the env. It counts as an env step but is dropped from the training batch (about 1 row per
+  finished episode); SB3's VecEnvs reset within the same step.
+* Linear schedules: lightning_rl evaluates them at the env steps sampled *before* the current
+  rollout, SB3 after it (one iteration apart: 256 of 100k steps for PPO).
+
+Threads: ``torch.set_num_threads(--threads)`` (default 1) is applied once, for both, and
+re-asserted before every run. Both sample in the training process with one env per Python object
+for ``sync``/SB3's ``DummyVecEnv``; ``ours-vec`` uses gymnasium's numpy-batched CartPole
+(``vectorization="vector_entry_point"``), which SB3 has no counterpart for.
+
+Usage::
+
+    python benchmarks/compare_sb3.py                                   # PPO and A2C, 3 seeds
+    python benchmarks/compare_sb3.py --algos ppo --seeds 5
+    python benchmarks/compare_sb3.py --seeds 1 --steps-scale 0.2      # quick smoke check
+
+The last stdout line is one JSON object with every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+import warnings
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+warnings.filterwarnings("ignore")
+os.environ.setdefault("PYTHONWARNINGS", "ignore")
+
+import numpy as np  # noqa: E402
+import pytorch_lightning as pl  # noqa: E402
+import stable_baselines3  # noqa: E402
+import torch  # noqa: E402
+from stable_baselines3 import A2C as SB3A2C  # noqa: E402
+from stable_baselines3 import PPO as SB3PPO  # noqa: E402
+from stable_baselines3.common.callbacks import BaseCallback  # noqa: E402
+from stable_baselines3.common.env_util import make_vec_env  # noqa: E402
+
+import lightning_rl  # noqa: E402
+from lightning_rl import A2C, PPO  # noqa: E402
+
+ENV_ID = "CartPole-v1"
+SOLVE_THRESHOLD = 475.0
+SOLVE_WINDOW = 20
+DEFAULT_STEPS = {"ppo": 100_000, "a2c": 500_000}
+VECTORIZATION_LABELS = {"sync": "ours-sync", "vector_entry_point": "ours-vec"}
+
+
+def silence() -> None:
+    """Quiet Lightning's banners ("GPU available", tips) and all warnings."""
+    warnings.filterwarnings("ignore")
+    for name in ("pytorch_lightning", "lightning", "lightning.pytorch", "lightning_fabric", "lightning.fabric"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+# --------------------------------------------------------------------------- measurement
+class SolveTracker:
+    """Rolling window of episode returns; records when its mean first reaches the threshold."""
+
+    def __init__(self, window: int = SOLVE_WINDOW, threshold: float = SOLVE_THRESHOLD) -> None:
+        self.returns: deque[float] = deque(maxlen=window)
+        self.threshold = threshold
+        self.start = time.perf_counter()
+        self.episodes = 0
+        self.solve_s: float | None = None
+        self.solve_steps: int | None = None
+
+    def add(self, returns: Sequence[float]) -> None:
+        self.returns.extend(float(r) for r in returns)
+        self.episodes += len(returns)
+
+    def check(self, env_steps: int) -> None:
+        if self.solve_s is not None or len(self.returns) < (self.returns.maxlen or 0):
+            return
+        if sum(self.returns) / len(self.returns) >= self.threshold:
+            self.solve_s = time.perf_counter() - self.start
+            self.solve_steps = int(env_steps)
+
+    def last_mean(self) -> float | None:
+        return sum(self.returns) / len(self.returns) if self.returns else None
+
+
+class OursSolveCallback(pl.Callback):
+    """Feeds each iteration's finished episodes to the tracker, right after sampling."""
+
+    def __init__(self, tracker: SolveTracker) -> None:
+        self.tracker = tracker
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        self.tracker.add(batch.info["episode_returns"])
+        # counters are updated in training_step, after this hook: add this rollout's steps
+        self.tracker.check(pl_module.counters["num_env_steps_sampled"] + batch.env_steps)
+
+
+class SB3SolveCallback(BaseCallback):
+    """Collects Monitor episode returns each env step; checks the window at rollout end."""
+
+    def __init__(self, tracker: SolveTracker) -> None:
+        super().__init__(verbose=0)
+        self.tracker = tracker
+
+    def _on_step(self) -> bool:
+        returns = [info["episode"]["r"] for info in self.locals["infos"] if "episode" in info]
+        if returns:
+            self.tracker.add(returns)
+        return True
+
+    def _on_rollout_end(self) -> None:
+        self.tracker.check(self.num_timesteps)
+
+
+@dataclass
+class RunResult:
+    algo: str
+    impl: str
+    seed: int
+    env_steps: int
+    wall_s: float
+    steps_per_s: float
+    solve_s: float | None
+    solve_steps: int | None
+    episodes: int
+    final_mean_return: float | None
+
+
+# --------------------------------------------------------------------------- runners
+def linear_schedule(initial: float) -> Callable[[float], float]:
+    """SB3 schedule: ``initial`` at progress_remaining 1, 0 at progress_remaining 0."""
+
+    def schedule(progress_remaining: float) -> float:
+        return progress_remaining * initial
+
+    return schedule
+
+
+def build_ours(algo: str, seed: int, steps: int, vectorization: str) -> Any:
+    if algo == "ppo":
+        return PPO(
+            env=ENV_ID, num_envs=8, rollout_fragment_length=32, num_sgd_iter=20, sgd_minibatch_size=256,
+            lr=1e-3, lr_schedule="linear", clip_param=0.2, clip_param_schedule="linear", gamma=0.98,
+            lambda_=0.8, entropy_coeff=0.0, vf_loss_coeff=0.5, grad_clip=0.5, seed=seed,
+            total_env_steps=steps, vectorization=vectorization,
+        )
+    return A2C(
+        env=ENV_ID, num_envs=8, rollout_fragment_length=5, lr=7e-4, gamma=0.99, lambda_=1.0,
+        vf_loss_coeff=0.5, entropy_coeff=0.0, grad_clip=0.5, optimizer="rmsprop", standardize_fields=(),
+        seed=seed, total_env_steps=steps, vectorization=vectorization,
+    )
+
+
+def run_ours(algo: str, seed: int, steps: int, vectorization: str) -> RunResult:
+    model = build_ours(algo, seed, steps, vectorization)
+    tracker = SolveTracker()
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, callbacks=[OursSolveCallback(tracker)],
+    )
+    tracker.start = start = time.perf_counter()
+    trainer.fit(model)
+    wall = time.perf_counter() - start
+    env_steps = int(model.counters["num_env_steps_sampled"])
+    return RunResult(
+        algo, VECTORIZATION_LABELS.get(vectorization, f"ours-{vectorization}"), seed, env_steps, wall,
+        env_steps / wall, tracker.solve_s, tracker.solve_steps, tracker.episodes, tracker.last_mean(),
+    )
+
+
+def build_sb3(algo: str, seed: int) -> Any:
+    if algo == "ppo":
+        venv = make_vec_env(ENV_ID, n_envs=8, seed=seed)
+        return SB3PPO(
+            "MlpPolicy", venv, n_steps=32, batch_size=256, n_epochs=20, gae_lambda=0.8, gamma=0.98,
+            learning_rate=linear_schedule(1e-3), clip_range=linear_schedule(0.2), ent_coef=0.0,
+            vf_coef=0.5, max_grad_norm=0.5, seed=seed, device="cpu", verbose=0,
+        )
+    venv = make_vec_env(ENV_ID, n_envs=8, seed=seed)
+    return SB3A2C(
+        "MlpPolicy", venv, n_steps=5, learning_rate=7e-4, gamma=0.99, gae_lambda=1.0, ent_coef=0.0,
+        vf_coef=0.5, max_grad_norm=0.5, seed=seed, device="cpu", verbose=0,
+    )
+
+
+def run_sb3(algo: str, seed: int, steps: int) -> RunResult:
+    model = build_sb3(algo, seed)
+    tracker = SolveTracker()
+    callback = SB3SolveCallback(tracker)
+    tracker.start = start = time.perf_counter()
+    model.learn(total_timesteps=steps, callback=callback)
+    wall = time.perf_counter() - start
+    env_steps = int(model.num_timesteps)
+    model.get_env().close()
+    return RunResult(
+        algo, "sb3", seed, env_steps, wall, env_steps / wall, tracker.solve_s, tracker.solve_steps,
+        tracker.episodes, tracker.last_mean(),
+    )
+
+
+# --------------------------------------------------------------------------- reporting
+def mean_std(values: Sequence[float]) -> tuple[float | None, float | None]:
+    if not values:
+        return None, None
+    mean = statistics.fmean(values)
+    return mean, (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def fmt(mean: float | None, std: float | None, digits: int = 1) -> str:
+    if mean is None:
+        return "-"
+    return f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def ratio(num: float | None, den: float | None) -> float | None:
+    if num is None or den is None or den == 0:
+        return None
+    return num / den
+
+
+def summarize(results: list[RunResult], impls: list[str]) -> dict[str, Any]:
+    """Per impl: steps/s and solve time mean/std, solved count; ratios of each ours-* to SB3."""
+    out: dict[str, Any] = {}
+    for impl in impls:
+        runs = [r for r in results if r.impl == impl]
+        if not runs:
+            continue
+        sps_mean, sps_std = mean_std([r.steps_per_s for r in runs])
+        solved = [r for r in runs if r.solve_s is not None]
+        solve_mean, solve_std = mean_std([r.solve_s for r in solved])  # type: ignore[misc]
+        steps_mean, _ = mean_std([float(r.solve_steps) for r in solved])  # type: ignore[arg-type]
+        out[impl] = {
+            "steps_per_s": sps_mean,
+            "steps_per_s_std": sps_std,
+            "solve_s": solve_mean,
+            "solve_s_std": solve_std,
+            "solve_steps": steps_mean,
+            "solved": len(solved),
+            "runs": len(runs),
+        }
+    ratios: dict[str, Any] = {}
+    sb3 = out.get("sb3")
+    for impl, stats in out.items():
+        if impl == "sb3" or sb3 is None:
+            continue
+        ratios[impl] = {
+            "steps_per_s_ours_over_sb3": ratio(stats["steps_per_s"], sb3["steps_per_s"]),
+            "solve_s_sb3_over_ours": ratio(sb3["solve_s"], stats["solve_s"]),
+        }
+    return {"impls": out, "ratios": ratios}
+
+
+def print_table(algo: str, steps: int, summary: dict[str, Any]) -> None:
+    impls = summary["impls"]
+    print(f"\n== {algo.upper()} on {ENV_ID}, {steps:,} env steps per run ==")
+    header = f"{'impl':<10} {'steps/s':>18} {'solve s (solved runs)':>24} {'solved':>7} {'solve steps':>12}"
+    print(header)
+    print("-" * len(header))
+    for impl, s in impls.items():
+        steps_txt = "-" if s["solve_steps"] is None else f"{s['solve_steps']:,.0f}"
+        print(
+            f"{impl:<10} {fmt(s['steps_per_s'], s['steps_per_s_std'], 0):>18} "
+            f"{fmt(s['solve_s'], s['solve_s_std'], 1):>24} {s['solved']:>3}/{s['runs']:<3} {steps_txt:>12}"
+        )
+    for impl, r in summary["ratios"].items():
+        sps = "-" if r["steps_per_s_ours_over_sb3"] is None else f"{r['steps_per_s_ours_over_sb3']:.2f}x"
+        solve = "-" if r["solve_s_sb3_over_ours"] is None else f"{r['solve_s_sb3_over_ours']:.2f}x"
+        print(f"{impl}: steps/s ours/SB3 = {sps}; solve time SB3/ours = {solve} (>1: ours faster)")
+
+
+def json_safe(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [json_safe(v) for v in value]
+    return value
+
+
+# --------------------------------------------------------------------------- main
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per implementation (default 3)")
+    p.add_argument("--algos", default="ppo,a2c", help="comma-separated subset of ppo,a2c (default both)")
+    p.add_argument("--steps-scale", type=float, default=1.0, help="multiply every env-step budget (quick checks)")
+    p.add_argument("--ppo-steps", type=int, default=DEFAULT_STEPS["ppo"], help="PPO env steps (default 100k)")
+    p.add_argument("--a2c-steps", type=int, default=DEFAULT_STEPS["a2c"], help="A2C env steps (default 500k)")
+    p.add_argument(
+        "--vectorization", default="sync,vector_entry_point",
+        help="comma-separated vectorizations of ours: sync (like SB3's DummyVecEnv) and/or vector_entry_point",
+    )
+    p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads for both (default 1)")
+    p.add_argument("--no-sb3", action="store_true", help="run only ours (profiling)")
+    args = p.parse_args(argv)
+    args.algos = [a.strip().lower() for a in args.algos.split(",") if a.strip()]
+    unknown = set(args.algos) - set(DEFAULT_STEPS)
+    if unknown:
+        p.error(f"unknown algos {sorted(unknown)}; choose from ppo,a2c")
+    args.vectorization = [v.strip() for v in args.vectorization.split(",") if v.strip()]
+    bad = set(args.vectorization) - set(VECTORIZATION_LABELS)
+    if bad:
+        p.error(f"unknown vectorization {sorted(bad)}; choose from {sorted(VECTORIZATION_LABELS)}")
+    if args.seeds < 1 or args.threads < 1 or args.steps_scale <= 0:
+        p.error("--seeds, --threads and --steps-scale must be positive")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    silence()
+    torch.set_num_threads(args.threads)
+    budgets = {"ppo": args.ppo_steps, "a2c": args.a2c_steps}
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    print(
+        f"python {platform.python_version()}, torch {torch.__version__}, pytorch_lightning {pl.__version__}, "
+        f"stable_baselines3 {stable_baselines3.__version__}, lightning_rl {lightning_rl.__version__}, "
+        f"numpy {np.__version__}; torch threads {args.threads}; cpus {os.cpu_count()}; "
+        f"load average at start {load}",
+        flush=True,
+    )
+    impls = [VECTORIZATION_LABELS[v] for v in args.vectorization] + ([] if args.no_sb3 else ["sb3"])
+    report: dict[str, Any] = {
+        "env": ENV_ID,
+        "seeds": args.seeds,
+        "threads": args.threads,
+        "steps_scale": args.steps_scale,
+        "solve_threshold": SOLVE_THRESHOLD,
+        "solve_window": SOLVE_WINDOW,
+        "load_avg_start": list(load) if load else None,
+        "algos": {},
+    }
+    all_results: list[RunResult] = []
+    for algo in args.algos:
+        steps = max(1, int(budgets[algo] * args.steps_scale))
+        results: list[RunResult] = []
+        for seed in range(args.seeds):
+            # None = SB3; the order is ours (each vectorization), then SB3, seed by seed
+            jobs: list[str | None] = [*args.vectorization, *([] if args.no_sb3 else [None])]
+            for vectorization in jobs:
+                torch.set_num_threads(args.threads)
+                if vectorization is None:
+                    r = run_sb3(algo, seed, steps)
+                else:
+                    r = run_ours(algo, seed, steps, vectorization)
+                results.append(r)
+                solve = "not solved" if r.solve_s is None else f"solved at {r.solve_s:.1f}s / {r.solve_steps:,} steps"
+                last = "-" if r.final_mean_return is None else f"{r.final_mean_return:.1f}"
+                print(
+                    f"[{algo} {r.impl:<9} seed {seed}] {r.env_steps:,} steps in {r.wall_s:.1f}s = "
+                    f"{r.steps_per_s:,.0f} steps/s; {solve}; {r.episodes} episodes, last-{SOLVE_WINDOW} mean {last}",
+                    flush=True,
+                )
+        summary = summarize(results, impls)
+        print_table(algo, steps, summary)
+        report["algos"][algo] = {"env_steps": steps, **summary}
+        all_results.extend(results)
+    load_end = os.getloadavg() if hasattr(os, "getloadavg") else None
+    report["load_avg_end"] = list(load_end) if load_end else None
+    report["runs"] = [asdict(r) for r in all_results]
+    print(f"\nload average at end {load_end}", flush=True)
+    sys.stdout.write(json.dumps(json_safe(report)) + "\n")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
