@@ -41,18 +41,21 @@ def reduce_leaf(name: str, values: list[Any]) -> Any:
     """Reduce the values one leaf took over all learn-on-batch calls.
 
     ``td_error`` is concatenated (priorities must survive); ``min_*`` takes the min,
-    ``max_*`` the max; numbers the nan-mean; ``None`` stays ``None``; anything else
-    (strings, objects) keeps its last value.
+    ``max_*`` the max; numbers (and numeric arrays, over all elements) the nan-mean;
+    ``None`` stays ``None`` (``None`` among numbers is skipped); anything else (strings,
+    objects) keeps its last value.
     """
     values = [_to_python(v) for v in values]
     if name == "td_error":
         return np.concatenate([np.atleast_1d(np.asarray(v)) for v in values], axis=0)
-    if values[0] is None:
+    if all(v is None for v in values):
         return None
+    values = [v for v in values if v is not None]
     if not all(_is_numeric(v) for v in values):
         return values[-1]
-    arr = np.asarray(values, dtype=np.float64)
-    if np.isnan(arr).all():
+    # Arrays of any shape reduce over all their elements, like scalars.
+    arr = np.concatenate([np.asarray(v, dtype=np.float64).reshape(-1) for v in values])
+    if arr.size == 0 or np.isnan(arr).all():
         return math.nan
     if name.startswith("min_"):
         return float(np.nanmin(arr))

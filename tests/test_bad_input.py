@@ -20,7 +20,7 @@ def test_env_must_be_id_or_callable():
 
 
 def test_env_factory_must_return_env():
-    with pytest.raises(TypeError, match="not a gymnasium.Env"):
+    with pytest.raises(TypeError, match=r"not a gymnasium\.Env"):
         PPO(env=lambda: "CartPole-v1")
 
 

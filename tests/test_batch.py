@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -188,7 +190,7 @@ def test_minibatches_seeded_and_shuffled():
     first = [_row_ids(mb) for mb in b.minibatches(6, generator=torch.Generator().manual_seed(1))]
     again = [_row_ids(mb) for mb in b.minibatches(6, generator=torch.Generator().manual_seed(1))]
     assert first == again
-    assert sum(first, []) != list(range(20))
+    assert [i for mb in first for i in mb] != list(range(20))
 
 
 def test_minibatches_without_shuffle_in_order():
@@ -236,7 +238,7 @@ def test_sequence_minibatches_never_split_sequences(size, shuffle):
     assert sorted(seen) == list(range(sum(SEQ_LENS)))
     assert sorted(pieces) == sorted(seqs)
     # greedy packing: the next minibatch's first sequence would not have fit
-    for mb, nxt in zip(mbs, mbs[1:]):
+    for mb, nxt in itertools.pairwise(mbs):
         assert mb.count + int(nxt[SampleBatch.SEQ_LENS][0]) > size
 
 

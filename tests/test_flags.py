@@ -177,4 +177,5 @@ def test_a2c_optimizer_flag():
     fit_iterations(adam, 2)
     assert isinstance(rms.optimizers().optimizer, torch.optim.RMSprop)
     assert isinstance(adam.optimizers().optimizer, torch.optim.Adam)
-    assert not torch.equal(rms.policies["default_policy"].pi_head.weight, adam.policies["default_policy"].pi_head.weight)
+    rms_w, adam_w = (m.policies["default_policy"].pi_head.weight for m in (rms, adam))
+    assert not torch.equal(rms_w, adam_w)

@@ -75,7 +75,7 @@ def layout(script: list, rng: random.Random) -> EnvFragment:
             if i == 0:
                 add_reset_row(rng.uniform(-2, 2))  # V(final obs) of an episode of the last fragment
                 continue
-            assert is_last and episodes[-1].end is not ONGOING, "explicit reset only first or after a last ended episode"
+            assert is_last and episodes[-1].end is not ONGOING, "explicit reset: first, or last after an ended episode"
             add_reset_row(episodes[-1].v_after)
             continue
         length, end = item
@@ -238,7 +238,7 @@ def test_gae_single_episode_end_kinds(end, gamma, lam):
 
 
 def test_gae_termination_ignores_bootstrap_and_next_value():
-    frags, arrays = build([[(3, TERM), (4, TERM)]], seed=5)
+    _, arrays = build([[(3, TERM), (4, TERM)]], seed=5)
     adv1, _ = gae(**arrays, gamma=0.9, lambda_=0.95)
     arrays2 = dict(arrays)
     arrays2["bootstrap_value"] = arrays["bootstrap_value"] + 100.0
@@ -251,7 +251,7 @@ def test_gae_termination_ignores_bootstrap_and_next_value():
 
 
 def test_gae_truncation_bootstraps_reset_row_value():
-    frags, arrays = build([[(3, TRUNC), (4, ONGOING)]], seed=6)
+    _, arrays = build([[(3, TRUNC), (4, ONGOING)]], seed=6)
     adv1, _ = gae(**arrays, gamma=0.9, lambda_=0.95)
     arrays2 = dict(arrays)
     arrays2["values"] = arrays["values"].clone()
@@ -321,6 +321,7 @@ def test_gae_float32():
     assert adv.dtype == targets.dtype == torch.float32
     exp_adv, exp_targets, valid = oracle(frags, 0.99, 0.95)
     torch.testing.assert_close(adv[valid].double(), exp_adv[valid], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(targets[valid].double(), exp_targets[valid], rtol=1e-5, atol=1e-5)
 
 
 # --------------------------------------------------------------------------- infinite horizon
@@ -353,9 +354,7 @@ def _iterate_constant_value(gamma, lam, as_truncation, horizon=5, t_len=61, n_en
     value = 0.0
     for _ in range(2000):
         values = torch.full((t_len, n_envs), value, dtype=torch.float64)
-        _, targets = gae(
-            rewards, values, torch.full((n_envs,), value, dtype=torch.float64), term, trunc, gamma, lam
-        )
+        _, targets = gae(rewards, values, torch.full((n_envs,), value, dtype=torch.float64), term, trunc, gamma, lam)
         new = targets[~reset].mean().item()
         if abs(new - value) < 1e-9:
             return new

@@ -231,3 +231,19 @@ def test_add_after_finalize_raises():
         builder.add_learn_on_batch_results({"loss": 2.0})
     with pytest.raises(RuntimeError):
         builder.add_learn_on_batch_results_multi_agent({"p0": {"loss": 2.0}})
+
+
+def test_numeric_arrays_of_different_shapes_reduce_over_all_elements():
+    b = LearnerInfoBuilder()
+    b.add_learn_on_batch_results({"per_row": np.array([1.0, 2.0]), "max_per_row": np.array([1.0, 2.0])})
+    b.add_learn_on_batch_results({"per_row": np.array([6.0]), "max_per_row": np.array([0.5])})
+    info = b.finalize()["default_policy"]
+    assert info["per_row"] == pytest.approx(3.0)
+    assert info["max_per_row"] == 2.0
+
+
+def test_none_among_numbers_is_skipped():
+    b = LearnerInfoBuilder()
+    for value in (None, 2.0, None, 4.0):
+        b.add_learn_on_batch_results({"x": value})
+    assert b.finalize()["default_policy"]["x"] == pytest.approx(3.0)

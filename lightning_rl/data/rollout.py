@@ -117,11 +117,22 @@ class RolloutDataModule(pl.LightningDataModule):
             self.envs.close()
             self.envs = None
 
-    @torch.inference_mode()
     def sample(self, policy_id: str = DEFAULT_POLICY_ID) -> MultiAgentBatch:
         """One rollout of ``rollout_fragment_length`` steps, post-processed by the module."""
         assert self.module is not None and self.envs is not None, "call setup() first"
         start = time.perf_counter()
+        with torch.inference_mode():
+            rollout, valid = self._rollout(policy_id)
+        # Outside inference mode: the batch's tensors become ordinary ones autograd may save.
+        rollout = SampleBatch({k: v.clone() for k, v in rollout.items()})
+        with torch.no_grad():
+            batch = self.module.postprocess_rollout(policy_id, rollout, torch.from_numpy(self._obs), valid)
+        info = self._episode_info()
+        info["sample_time_s"] = time.perf_counter() - start
+        return MultiAgentBatch({policy_id: batch}, env_steps=self.train_batch_size, info=info)
+
+    def _rollout(self, policy_id: str) -> tuple[SampleBatch, torch.Tensor]:
+        """Time-major ``[T, N]`` columns of one fragment and the ``[T, N]`` mask of real transitions."""
         policy = self.module.sampling_policy(policy_id, self.sampling_device)
         T, N = self.rollout_fragment_length, self.num_envs
         cols: dict[str, torch.Tensor] = {}
@@ -138,7 +149,7 @@ class RolloutDataModule(pl.LightningDataModule):
                 if key not in cols:
                     cols[key] = torch.empty((T, *value.shape), dtype=value.dtype)
                 cols[key][t] = value
-            actions = out["actions"].cpu().numpy()
+            actions = out[SampleBatch.ACTIONS].cpu().numpy()
             if self._clip is not None:
                 actions = np.clip(actions, *self._clip)
             self._obs, rewards[t], terminateds[t], truncateds[t], _ = self.envs.step(actions)
@@ -154,12 +165,7 @@ class RolloutDataModule(pl.LightningDataModule):
                 SampleBatch.TRUNCATEDS: torch.from_numpy(truncateds),
             }
         )
-        batch = self.module.postprocess_rollout(
-            policy_id, rollout, torch.from_numpy(self._obs), torch.from_numpy(valid)
-        )
-        info = self._episode_info()
-        info["sample_time_s"] = time.perf_counter() - start
-        return MultiAgentBatch({policy_id: batch}, env_steps=T * N, info=info)
+        return rollout, torch.from_numpy(valid)
 
     def _episode_info(self) -> dict[str, Any]:
         """Returns and lengths of the episodes that ended since the last call."""

@@ -29,11 +29,15 @@ class Categorical:
     def log_prob(self, actions: Tensor) -> Tensor:
         return self.logits.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
 
+    def _finite_logits(self) -> Tensor:
+        # Masked actions (logit -inf) have probability 0 and add 0, not 0 * -inf = nan.
+        return self.logits.clamp_min(torch.finfo(self.logits.dtype).min)
+
     def entropy(self) -> Tensor:
-        return -(self.logits.exp() * self.logits).sum(-1)
+        return -(self.logits.exp() * self._finite_logits()).sum(-1)
 
     def kl(self, other: Categorical) -> Tensor:
-        return (self.logits.exp() * (self.logits - other.logits)).sum(-1)
+        return (self.logits.exp() * (self._finite_logits() - other._finite_logits())).sum(-1)
 
 
 class DiagGaussian:

@@ -1,0 +1,169 @@
+"""RolloutDataModule: envs from ids or factories, per-env seeds, episodes, one batch per step."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from lightning_rl import PPO, MultiAgentBatch, RolloutDataModule, SampleBatch
+from lightning_rl.data.rollout import rank_seed
+from tests.conftest import fit_iterations, quiet_trainer
+from tests.test_truncation import time_limited
+
+
+def connected(model, env="CartPole-v1", **kwargs) -> RolloutDataModule:
+    dm = RolloutDataModule(env, **{"num_envs": 4, "rollout_fragment_length": 8, "seed": 0, **kwargs})
+    dm.connect(model)
+    dm.setup("fit")
+    return dm
+
+
+@pytest.fixture
+def model():
+    return PPO(env="CartPole-v1", num_envs=4, rollout_fragment_length=8, sgd_minibatch_size=8, seed=0,
+               total_env_steps=None)
+
+
+def test_batch_columns_and_counts(model):
+    dm = connected(model)
+    batch = dm.sample()
+    assert isinstance(batch, MultiAgentBatch) and batch.env_steps == 32
+    pb = batch.policy_batches["default_policy"]
+    for col in ("obs", "actions", "action_logp", "vf_preds", "rewards", "terminateds", "truncateds",
+                "advantages", "value_targets"):
+        assert pb[col].shape[0] == pb.count, col
+    assert pb["obs"].shape[1:] == (4,)
+    assert not any(torch.is_inference(v) for v in pb.values())  # autograd may use the batch
+    dm.teardown("fit")
+
+
+def test_sampling_runs_under_inference_mode(model):
+    modes = []
+    policy = model.policies["default_policy"]
+    original = policy.compute_actions
+
+    def spy(*args, **kwargs):
+        modes.append(torch.is_inference_mode_enabled())
+        return original(*args, **kwargs)
+
+    policy.compute_actions = spy
+    connected(model).sample()
+    assert modes == [True] * 8
+
+
+def test_action_logp_matches_the_policy(model):
+    pb = connected(model).sample().policy_batches["default_policy"]
+    with torch.no_grad():
+        dist, values = model.policies["default_policy"](pb["obs"])
+    torch.testing.assert_close(dist.log_prob(pb["actions"]), pb["action_logp"])
+    torch.testing.assert_close(values, pb["vf_preds"])
+
+
+def test_each_env_gets_its_own_seed(model):
+    first = connected(model)._obs
+    assert len({tuple(row) for row in first.round(6)}) == 4
+    np.testing.assert_array_equal(first, connected(model)._obs)  # same seed, same starts
+    assert not np.array_equal(first, connected(model, seed=1)._obs)
+
+
+def test_rank_seeds_are_distinct():
+    assert [rank_seed(7, r) for r in range(3)] == [7, 1007, 2007]
+    assert rank_seed(None, 1) is None
+
+
+def test_same_seed_same_rollout(model):
+    a = connected(model).sample().policy_batches["default_policy"]
+    b = connected(model).sample().policy_batches["default_policy"]
+    for key in a:
+        torch.testing.assert_close(a[key], b[key])
+
+
+def test_episode_returns_and_lengths_recorded():
+    model = PPO(env=time_limited, num_envs=2, rollout_fragment_length=12, sgd_minibatch_size=8, seed=0,
+                total_env_steps=None)
+    dm = connected(model, env=time_limited, num_envs=2, rollout_fragment_length=12)
+    info = dm.sample().info
+    assert info["episode_returns"] == [5.0] * 4 and info["episode_lengths"] == [5] * 4
+    assert info["sample_time_s"] > 0
+    assert dm.sample().info["episode_returns"] == [5.0] * 4  # only new episodes each time
+
+
+def test_env_factory_and_continuous_actions_are_clipped():
+    seen = []
+
+    class Recorder(gym.ActionWrapper):
+        def action(self, action):
+            seen.append(np.asarray(action).copy())
+            return action
+
+    def factory():
+        return Recorder(gym.make("Pendulum-v1"))
+
+    model = PPO(env=factory, num_envs=2, rollout_fragment_length=64, sgd_minibatch_size=8, seed=0,
+                log_std_init=2.0, total_env_steps=None)
+    pb = connected(model, env=factory, num_envs=2, rollout_fragment_length=64).sample().policy_batches[
+        "default_policy"]
+    assert np.abs(np.concatenate(seen)).max() <= 2.0  # the env only sees actions within bounds
+    assert pb["actions"].abs().max() > 2.0  # the batch keeps the sampled ones (exact log-probs)
+
+
+@pytest.mark.timeout(120)
+def test_async_vector_env_trains():
+    model = PPO(env="CartPole-v1", num_envs=2, rollout_fragment_length=16, sgd_minibatch_size=16, seed=0,
+                vectorization="async", total_env_steps=None)
+    fit_iterations(model, 2)
+    assert model.counters["num_env_steps_sampled"] == 64
+
+
+def test_default_vectorization_uses_the_env_vector_entry_point(model):
+    from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
+
+    assert isinstance(connected(model).envs.unwrapped, CartPoleVectorEnv)
+    assert isinstance(connected(model, vectorization="sync").envs.unwrapped, gym.vector.SyncVectorEnv)
+
+
+def test_one_batch_per_training_step_and_epoch_length():
+    model = PPO(env="CartPole-v1", num_envs=2, rollout_fragment_length=16, sgd_minibatch_size=16, seed=0,
+                iterations_per_epoch=3, total_env_steps=None)
+    trainer = quiet_trainer(max_epochs=2)
+    trainer.fit(model)
+    assert model.counters["num_iterations"] == 6 and trainer.current_epoch == 2
+    assert model.counters["num_env_steps_sampled"] == 6 * 32
+
+
+def test_total_env_steps_stops_fit():
+    model = PPO(env="CartPole-v1", num_envs=2, rollout_fragment_length=16, sgd_minibatch_size=16, seed=0,
+                iterations_per_epoch=2, total_env_steps=100)
+    quiet_trainer().fit(model)
+    assert model.counters["num_env_steps_sampled"] == 128  # the first iteration at or past 100
+
+
+def test_explicit_datamodule_is_used():
+    model = PPO(env="CartPole-v1", num_envs=2, rollout_fragment_length=16, sgd_minibatch_size=16, seed=0,
+                total_env_steps=None)
+    dm = RolloutDataModule("CartPole-v1", num_envs=3, rollout_fragment_length=4, iterations_per_epoch=2)
+    quiet_trainer(max_epochs=1).fit(model, datamodule=dm)
+    assert model.counters["num_env_steps_sampled"] == 2 * 12
+
+
+def test_compute_actions_numpy_single_and_batched(model):
+    obs = np.zeros((5, 4), dtype=np.float32)
+    actions = model.compute_actions(obs, explore=False)
+    assert isinstance(actions, np.ndarray) and actions.shape == (5,)
+    single = model.compute_actions(obs[0], explore=False)
+    assert single.shape == () and single == actions[0]
+    assert torch.is_tensor(model.compute_actions(torch.zeros(2, 4), policy_id="default_policy"))
+
+
+def test_checkpoint_keeps_counters(tmp_path, model):
+    trainer = fit_iterations(model, 2, default_root_dir=tmp_path)
+    path = tmp_path / "model.ckpt"
+    trainer.save_checkpoint(path)
+    restored = PPO.load_from_checkpoint(path, weights_only=False)
+    assert restored.counters == model.counters and restored.counters["num_iterations"] == 2
+    assert all(isinstance(v, int) for v in restored.counters.values())
+    assert torch.equal(restored.policies["default_policy"].pi_head.weight,
+                       model.policies["default_policy"].pi_head.weight)
+    assert restored.kl_coeff == model.kl_coeff and SampleBatch.OBS == "obs"
