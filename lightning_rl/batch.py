@@ -16,6 +16,7 @@ Column names used across the library (``SampleBatch.OBS`` etc.):
 ``seq_lens``              lengths of consecutive sequences (recurrent)
 ``batch_indexes``         replay-buffer indexes of the rows (off-policy)
 ``weights``               importance weights of the rows (prioritized replay)
+``discounts``             ``gamma ** k`` for the bootstrap of an n-step target
 ========================  ==================================================
 """
 
@@ -53,6 +54,7 @@ class SampleBatch(dict):
     SEQ_LENS = "seq_lens"
     BATCH_INDEXES = "batch_indexes"
     WEIGHTS = "weights"
+    DISCOUNTS = "discounts"
 
     def __init__(self, columns: Mapping[str, Tensor] | None = None, **kwargs: Tensor) -> None:
         super().__init__()

@@ -1,0 +1,91 @@
+"""Run by tests/test_ddp.py in a subprocess: 2-rank CPU DDP (gloo); each rank dumps what it saw.
+
+    python tests/ddp_worker.py OUT_DIR MODE
+
+MODE ``check``: a few iterations of PPO CartPole; ``learn``: the 100k-step learning run;
+``uneven``: an env whose episodes end on rank 0 only.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import warnings
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.loggers import CSVLogger
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from lightning_rl import PPO  # noqa: E402
+
+logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
+warnings.filterwarnings("ignore")
+
+
+class RankEnv(gym.Env):
+    """Episodes of 3 steps when seeded for rank 0, never-ending (no episode) on rank 1."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (2,), dtype=np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        if seed is not None:
+            self.limit = 3 if seed < 1000 else None
+        self.t = 0
+        return np.zeros(2, dtype=np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        done = self.limit is not None and self.t >= self.limit
+        return np.full(2, 0.1 * self.t, dtype=np.float32), 1.0, done, False, {}
+
+
+class Recorder(pl.Callback):
+    def __init__(self) -> None:
+        self.learner_stats: list[dict] = []
+        self.first_obs = None
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if self.first_obs is None:
+            self.first_obs = batch.policy_batches["default_policy"]["obs"][:4].tolist()
+        stats = outputs["learner_info"]["default_policy"]["learner_stats"]
+        self.learner_stats.append({k: v for k, v in stats.items() if isinstance(v, float)})
+
+
+def main(out: Path, mode: str) -> None:
+    torch.set_num_threads(1)
+    common = dict(seed=0, iterations_per_epoch=5)
+    if mode == "learn":
+        model = PPO(env="CartPole-v1", num_envs=4, rollout_fragment_length=32, num_sgd_iter=20,
+                    sgd_minibatch_size=128, lr=1e-3, lr_schedule="linear", clip_param_schedule="linear",
+                    gamma=0.98, lambda_=0.8, total_env_steps=100_000, **common)
+    elif mode == "uneven":
+        model = PPO(env=RankEnv, num_envs=2, rollout_fragment_length=8, sgd_minibatch_size=8,
+                    total_env_steps=4 * 32, vectorization="sync", **common)
+    else:
+        model = PPO(env="CartPole-v1", num_envs=4, rollout_fragment_length=16, sgd_minibatch_size=32,
+                    num_sgd_iter=3, total_env_steps=4 * 2 * 64, **common)
+    recorder = Recorder()
+    trainer = pl.Trainer(
+        strategy="ddp", devices=2, accelerator="cpu", logger=CSVLogger(out, name="csv"), log_every_n_steps=1,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, callbacks=[recorder],
+    )
+    trainer.fit(model)
+    params = torch.cat([p.detach().flatten() for p in model.parameters()])
+    (out / f"rank{trainer.global_rank}.json").write_text(json.dumps({
+        "params": params.tolist(),
+        "first_obs": recorder.first_obs,
+        "counters": model.counters,
+        "global_counters": model.global_counters,
+        "learner_stats": recorder.learner_stats,
+        "callback_metrics": {k: float(v) for k, v in trainer.callback_metrics.items()},
+    }))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), sys.argv[2])
