@@ -124,3 +124,37 @@ def piecewise_linear(points: Sequence[tuple[float, float]], t: float) -> float:
         if t < t1:
             return float(v0 + (t - t0) / (t1 - t0) * (v1 - v0))
     return float(points[-1][1])
+
+
+def n_step_returns(
+    rewards: Tensor, terminateds: Tensor, truncateds: Tensor, gamma: float
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Discounted n-step returns of windows that stop at the first episode end.
+
+    Args:
+        rewards: ``[B, n]`` rewards of steps ``t .. t + n - 1`` of ``B`` windows.
+        terminateds: ``[B, n]`` bool, step ``t + i`` ended the episode in a terminal state.
+        truncateds: ``[B, n]`` bool, step ``t + i`` cut the episode (time limit).
+
+    A window holds ``k`` steps: up to and including its first terminated or truncated
+    step, else all ``n``. Entries after that step are ignored (they may be garbage).
+
+    Returns:
+        ``(returns, discounts, terminated, k)``, all ``[B]``: ``returns = sum_{i<k}
+        gamma**i * rewards[:, i]`` (dtype of ``rewards``); ``discounts = gamma**k`` (same
+        dtype), the factor of the bootstrap value of the observation after step
+        ``t + k - 1``; ``terminated`` (bool) the window ended by termination, so the
+        target must not bootstrap (a truncation ends the window but still bootstraps);
+        ``k`` (int64) in ``[1, n]``. The n-step target is ``returns + discounts * (1 -
+        terminated) * V(obs_{t+k})``.
+    """
+    n = rewards.shape[-1]
+    dones = terminateds | truncateds
+    # Step i is in the window iff no episode end strictly before it: ends up to i == ends at i.
+    in_window = torch.cumsum(dones, dim=-1) == dones
+    powers = torch.pow(gamma, torch.arange(n, dtype=rewards.dtype, device=rewards.device))
+    returns = torch.where(in_window, rewards, 0.0) @ powers
+    k = in_window.sum(dim=-1)
+    discounts = torch.pow(gamma, k.to(rewards.dtype))
+    terminated = (terminateds & in_window).any(dim=-1)
+    return returns, discounts, terminated, k

@@ -179,3 +179,18 @@ def test_a2c_optimizer_flag():
     assert isinstance(adam.optimizers().optimizer, torch.optim.Adam)
     rms_w, adam_w = (m.policies["default_policy"].pi_head.weight for m in (rms, adam))
     assert not torch.equal(rms_w, adam_w)
+
+
+@pytest.mark.parametrize("threads", [1, 2, None])
+def test_num_cpu_threads_set_during_fit_and_restored(threads):
+    seen = []
+
+    class Spy(PPO):
+        def training_step(self, batch, batch_idx):
+            seen.append(torch.get_num_threads())
+            return super().training_step(batch, batch_idx)
+
+    torch.set_num_threads(3)
+    fit_iterations(Spy(**{**BASE, "num_cpu_threads": threads}), 1)
+    assert seen == [threads or 3]
+    assert torch.get_num_threads() == 3

@@ -66,10 +66,14 @@ class RLModule(pl.LightningModule):
             ``"vector_entry_point"``.
         sampling_device: device the policy runs on while sampling; small MLPs are faster on
             the CPU than with a GPU round trip per env step.
+        num_cpu_threads: torch intra-op threads during ``fit`` (restored afterwards). Small
+            MLPs run fastest on one thread, and several threads spin badly on a busy machine
+            (rl-zoo sets 1 too); ``None`` leaves torch's setting alone.
     """
 
     def __init__(
         self,
+        *,
         env: EnvSpec,
         num_envs: int,
         total_env_steps: int | None,
@@ -77,6 +81,7 @@ class RLModule(pl.LightningModule):
         seed: int | None,
         vectorization: str,
         sampling_device: str,
+        num_cpu_threads: int | None,
     ) -> None:
         super().__init__()
         self.automatic_optimization = False
@@ -97,6 +102,9 @@ class RLModule(pl.LightningModule):
         self._default_datamodule: pl.LightningDataModule | None = None
         self._sampling_copies: dict[tuple[str, torch.device], tuple[int, nn.Module]] = {}
         self._weights_version = 0
+        check_positive(num_cpu_threads=num_cpu_threads)
+        self.num_cpu_threads = num_cpu_threads
+        self._saved_num_threads: int | None = None
 
     # ----------------------------------------------------------------- policies
     def check_spaces(self, observation_space: gym.Space, action_space: gym.Space) -> None:
@@ -212,9 +220,17 @@ class RLModule(pl.LightningModule):
         # Lightning turns "no limit given" into max_epochs=1000; with an env-step budget the
         # budget is the limit, so lift the epoch cap (a user's explicit max_epochs of 1000
         # is indistinguishable and is lifted too, as documented in the README).
+        if self.num_cpu_threads is not None:
+            self._saved_num_threads = torch.get_num_threads()
+            torch.set_num_threads(self.num_cpu_threads)
         fit_loop = self.trainer.fit_loop
         if self.hparams.get("total_env_steps") and fit_loop.max_epochs == 1000 and self.trainer.max_steps == -1:
             fit_loop.max_epochs = -1
+
+    def on_fit_end(self) -> None:
+        if self._saved_num_threads is not None:
+            torch.set_num_threads(self._saved_num_threads)
+            self._saved_num_threads = None
 
     def configure_callbacks(self) -> list[pl.Callback]:
         from lightning_rl.callbacks import LearnerInfoCallback, RolloutMetricsCallback

@@ -53,6 +53,7 @@ class OnPolicyModule(RLModule):
 
     def __init__(
         self,
+        *,
         env: EnvSpec,
         num_envs: int,
         rollout_fragment_length: int,
@@ -61,6 +62,7 @@ class OnPolicyModule(RLModule):
         seed: int | None,
         vectorization: str,
         sampling_device: str,
+        num_cpu_threads: int | None,
         lr: float,
         lr_schedule: Schedule,
         gamma: float,
@@ -74,7 +76,10 @@ class OnPolicyModule(RLModule):
         vf_share_layers: bool,
         log_std_init: float,
     ) -> None:
-        super().__init__(env, num_envs, total_env_steps, iterations_per_epoch, seed, vectorization, sampling_device)
+        super().__init__(
+            env=env, num_envs=num_envs, total_env_steps=total_env_steps, iterations_per_epoch=iterations_per_epoch,
+            seed=seed, vectorization=vectorization, sampling_device=sampling_device, num_cpu_threads=num_cpu_threads,
+        )
         check_positive(lr=lr, grad_clip=grad_clip, rollout_fragment_length=rollout_fragment_length)
         check_positive(num_sgd_iter=num_sgd_iter, sgd_minibatch_size=sgd_minibatch_size)
         check_gamma(gamma)

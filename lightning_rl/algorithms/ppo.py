@@ -44,6 +44,7 @@ class PPO(OnPolicyModule):
         seed: int | None = None,
         vectorization: str = "auto",
         sampling_device: str = "cpu",
+        num_cpu_threads: int | None = 1,
         lr: float = 3e-4,
         lr_schedule: Schedule = None,
         gamma: float = 0.99,
@@ -65,9 +66,12 @@ class PPO(OnPolicyModule):
         kl_target: float = 0.01,
     ) -> None:
         super().__init__(
-            env, num_envs, rollout_fragment_length, total_env_steps, iterations_per_epoch, seed, vectorization,
-            sampling_device, lr, lr_schedule, gamma, lambda_, num_sgd_iter, sgd_minibatch_size, grad_clip,
-            standardize_fields, hiddens, activation, vf_share_layers, log_std_init,
+            env=env, num_envs=num_envs, rollout_fragment_length=rollout_fragment_length,
+            total_env_steps=total_env_steps, iterations_per_epoch=iterations_per_epoch, seed=seed,
+            vectorization=vectorization, sampling_device=sampling_device, num_cpu_threads=num_cpu_threads, lr=lr,
+            lr_schedule=lr_schedule, gamma=gamma, lambda_=lambda_, num_sgd_iter=num_sgd_iter, sgd_minibatch_size=sgd_minibatch_size,
+            grad_clip=grad_clip, standardize_fields=standardize_fields, hiddens=hiddens, activation=activation,
+            vf_share_layers=vf_share_layers, log_std_init=log_std_init,
         )
         self.save_hyperparameters()
         if clip_param <= 0 or (vf_clip_param is not None and vf_clip_param <= 0):

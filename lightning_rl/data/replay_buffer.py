@@ -1,0 +1,520 @@
+"""Replay buffers over a vector-env stream: uniform and prioritized, with n-step returns.
+
+Storage is a preallocated numpy ring, time-major per env: every array is
+``[rows, num_envs, ...]`` and one ``add`` writes one row, the step of all ``num_envs``
+envs. Observations are stored once: the next observation of row ``(t, env)`` is the
+observation of row ``(t + 1, env)``. With gymnasium's next-step autoreset that is right
+at episode ends too: the step after an episode end is a *reset step* (action ignored,
+reward 0, no done flags) whose observation is the final observation of the ended
+episode; its row is stored with ``valid=False``, supplies that final observation, and is
+never sampled as a transition.
+
+A row ``t`` yields the n-step transition ``(obs_t, a_t, R, obs_{t+k}, terminated, gamma**k)``
+(see ``lightning_rl.functional.n_step_returns``): its window holds ``k <= n_step`` steps,
+stopping at the first terminated or truncated step. A row is *sampleable* once its
+window and ``obs_{t+k}`` are stored (``n_step`` more rows added, or its episode ended and
+the following row exists) and until its slot is overwritten; so the newest row of each env
+is never sampleable.
+
+Flat indexes (``batch_indexes``) are ``slot * num_envs + env`` with ``slot`` the ring row.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from lightning_rl.batch import SampleBatch
+from lightning_rl.data.sum_tree import MinTree, SumTree
+from lightning_rl.functional import n_step_returns
+
+
+def _space_layout(space: gym.Space, what: str, action: bool) -> tuple[tuple[int, ...], np.dtype]:
+    """Per-env shape and storage dtype of a Box or Discrete space."""
+    if isinstance(space, gym.spaces.Box):
+        return tuple(space.shape), np.dtype(np.float32) if action else np.dtype(space.dtype)
+    if isinstance(space, gym.spaces.Discrete):
+        return (), np.dtype(np.int64)
+    raise ValueError(f"ReplayBuffer supports Box and Discrete {what} spaces, got {space!r}")
+
+
+def _as_numpy(x: Any) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
+class ReplayBuffer:
+    """Uniform replay of n-step transitions from ``num_envs`` parallel envs.
+
+    Args:
+        capacity: transitions (env steps) held. Rounded **up** to a multiple of
+            ``num_envs``: the ring has ``rows = ceil(capacity / num_envs)`` rows of
+            ``num_envs`` steps, and ``self.capacity == rows * num_envs``. At most
+            ``(rows - 1) * num_envs`` of them are sampleable (the newest row waits for its
+            next observation). ``rows`` must exceed ``n_step``.
+        observation_space, action_space: single-env ``Box`` or ``Discrete`` spaces.
+            Observations keep the space's dtype (uint8 images stay uint8); Discrete
+            observations and actions are int64, Box actions float32.
+        num_envs: envs stepped together; every ``add`` carries one step of each.
+        n_step: length of the return window (1 = one-step transitions).
+        gamma: discount of the n-step return.
+        seed: seed of the buffer's own ``np.random.Generator`` (sampling only).
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        observation_space: gym.Space,
+        action_space: gym.Space,
+        num_envs: int = 1,
+        n_step: int = 1,
+        gamma: float = 0.99,
+        seed: int | None = None,
+    ) -> None:
+        if num_envs < 1:
+            raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+        if capacity < num_envs:
+            raise ValueError(f"capacity ({capacity}) must be at least num_envs ({num_envs})")
+        if n_step < 1:
+            raise ValueError(f"n_step must be >= 1, got {n_step}")
+        if not 0.0 <= gamma <= 1.0:
+            raise ValueError(f"gamma must be in [0, 1], got {gamma}")
+        rows = -(-capacity // num_envs)
+        if rows <= n_step:
+            raise ValueError(
+                f"capacity ({capacity}) gives {rows} rows per env for num_envs={num_envs}; "
+                f"n_step={n_step} needs more than {n_step}"
+            )
+        self.obs_shape, self.obs_dtype = _space_layout(observation_space, "observation", action=False)
+        self.action_shape, self.action_dtype = _space_layout(action_space, "action", action=True)
+        self.observation_space, self.action_space = observation_space, action_space
+        self.num_envs, self.rows, self.n_step, self.gamma = int(num_envs), int(rows), int(n_step), float(gamma)
+        shape = (self.rows, self.num_envs)
+        # np.zeros: pages are mapped lazily, and unwritten slots read as harmless zeros.
+        self._obs = np.zeros((*shape, *self.obs_shape), dtype=self.obs_dtype)
+        self._actions = np.zeros((*shape, *self.action_shape), dtype=self.action_dtype)
+        self._rewards = np.zeros(shape, dtype=np.float32)
+        self._terminateds = np.zeros(shape, dtype=bool)
+        self._truncateds = np.zeros(shape, dtype=bool)
+        self._valid = np.zeros(shape, dtype=bool)
+        self._sampleable = np.zeros(shape, dtype=bool)
+        # Flat views over slots: index slot * num_envs + env.
+        size = self.capacity
+        self._obs_flat = self._obs.reshape(size, *self.obs_shape)
+        self._actions_flat = self._actions.reshape(size, *self.action_shape)
+        self._rewards_flat = self._rewards.reshape(size)
+        self._terminateds_flat = self._terminateds.reshape(size)
+        self._truncateds_flat = self._truncateds.reshape(size)
+        self._sampleable_flat = self._sampleable.reshape(size)
+        self._window_offsets = self.num_envs * np.arange(self.n_step, dtype=np.int64)
+        self._num_added = 0  # rows (vector-env steps) added so far
+        self._num_sampleable = 0
+        self.rng = np.random.default_rng(seed)
+
+    # ------------------------------------------------------------------ sizes
+
+    @property
+    def capacity(self) -> int:
+        """Transitions held: ``rows * num_envs`` (the requested capacity rounded up)."""
+        return self.rows * self.num_envs
+
+    @property
+    def num_added(self) -> int:
+        """Rows (vector-env steps) added since construction."""
+        return self._num_added
+
+    def __len__(self) -> int:
+        """Number of sampleable rows (n-step transitions that can be drawn now)."""
+        return self._num_sampleable
+
+    def _storage(self) -> dict[str, np.ndarray]:
+        return {
+            "obs": self._obs,
+            "actions": self._actions,
+            "rewards": self._rewards,
+            "terminateds": self._terminateds,
+            "truncateds": self._truncateds,
+            "valid": self._valid,
+            "sampleable": self._sampleable,
+        }
+
+    @property
+    def storage_nbytes(self) -> int:
+        """Bytes of the transition storage arrays (observations once, plus flags)."""
+        return sum(a.nbytes for a in self._storage().values())
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of all arrays the buffer allocates (``PrioritizedReplayBuffer`` adds its trees)."""
+        return self.storage_nbytes
+
+    # ------------------------------------------------------------------ adding
+
+    def add(
+        self,
+        obs: Any,
+        actions: Any,
+        rewards: Any,
+        terminateds: Any,
+        truncateds: Any,
+        valid: Any,
+    ) -> None:
+        """Store one vector-env step of all ``num_envs`` envs (numpy arrays or CPU tensors).
+
+        Args:
+            obs: ``[N, *obs_shape]`` the observation each env's action was taken in.
+            actions: ``[N, *action_shape]`` the actions sent.
+            rewards: ``[N]`` rewards of the step.
+            terminateds, truncateds: ``[N]`` bool, what the env returned for the step.
+            valid: ``[N]`` bool, False for reset steps of next-step autoreset (the step
+                after an episode end); those rows are never sampled.
+        """
+        n = self.num_envs
+        obs, actions = _as_numpy(obs), _as_numpy(actions)
+        rewards, terminateds, truncateds, valid = (
+            _as_numpy(x) for x in (rewards, terminateds, truncateds, valid)
+        )
+        for name, arr, shape in (
+            ("obs", obs, (n, *self.obs_shape)),
+            ("actions", actions, (n, *self.action_shape)),
+            ("rewards", rewards, (n,)),
+            ("terminateds", terminateds, (n,)),
+            ("truncateds", truncateds, (n,)),
+            ("valid", valid, (n,)),
+        ):
+            if arr.shape != shape:
+                raise ValueError(f"add: {name} has shape {arr.shape}, expected {shape}")
+        t = self._num_added
+        slot = t % self.rows
+        if t >= self.rows:  # overwrite the oldest row
+            lost = np.flatnonzero(self._sampleable[slot])
+            if lost.size:
+                self._sampleable[slot, lost] = False
+                self._num_sampleable -= lost.size
+                self._on_unsampleable(slot * n + lost)
+        self._obs[slot] = obs
+        self._actions[slot] = actions
+        self._rewards[slot] = rewards
+        self._terminateds[slot] = terminateds
+        self._truncateds[slot] = truncateds
+        self._valid[slot] = valid
+        self._num_added = t + 1
+        if t >= 1:
+            prev = (t - 1) % self.rows
+            self._mark_sampleable(t, self._terminateds[prev] | self._truncateds[prev], full_windows=True)
+
+    def _mark_sampleable(self, t: int, ended: np.ndarray, full_windows: bool) -> None:
+        """Mark the rows whose window and next observation became complete with row ``t``.
+
+        Row ``t - j`` (``1 <= j <= n_step``) becomes sampleable when it is valid, no step in
+        ``t - j .. t - 2`` ended its episode, and either step ``t - 1`` ended it (``ended``,
+        ``[N]``: a window of ``j`` steps) or ``j == n_step`` (a full window, when
+        ``full_windows``). Each row meets this exactly once.
+        """
+        clean = np.ones(self.num_envs, dtype=bool)
+        new: list[np.ndarray] = []
+        any_ended = bool(ended.any())
+        for j in range(1, min(self.n_step, t) + 1):
+            row = (t - j) % self.rows
+            if j >= 2:
+                clean &= ~(self._terminateds[row] | self._truncateds[row])
+            if j == self.n_step:
+                if not full_windows:
+                    break
+                ready = self._valid[row] & clean
+            elif any_ended:
+                ready = self._valid[row] & clean & ended
+            else:
+                continue
+            envs = np.flatnonzero(ready)
+            if envs.size:
+                self._sampleable[row, envs] = True
+                new.append(row * self.num_envs + envs)
+        if new:
+            flat = np.concatenate(new)
+            self._num_sampleable += flat.size
+            self._on_sampleable(flat)
+
+    def _on_sampleable(self, flat: np.ndarray) -> None:
+        """Hook: slots ``flat`` just became sampleable."""
+
+    def _on_unsampleable(self, flat: np.ndarray) -> None:
+        """Hook: sampleable slots ``flat`` are being overwritten."""
+
+    def end_episodes(self) -> None:
+        """Cut every env's running episode at the newest stored row, as a truncation.
+
+        Call it before the stream restarts from freshly reset envs (e.g. after restoring
+        the buffer from a checkpoint): the newest row becomes a reset row (its
+        observation is the final observation of the cut episode; its own step is dropped)
+        and the step before it is marked truncated, so its window bootstraps from that
+        observation and no window joins the old stream to the new one.
+        """
+        t = self._num_added - 1
+        if t < 0:
+            return
+        slot = t % self.rows
+        if t == 0:
+            self._valid[slot] = False
+            return
+        prev = (t - 1) % self.rows
+        cut = ~(self._terminateds[prev] | self._truncateds[prev])
+        self._truncateds[prev] |= cut
+        self._valid[slot] &= ~cut
+        self._terminateds[slot] &= ~cut
+        self._truncateds[slot] &= ~cut
+        # Rows with a full n-step window before the cut were already sampleable.
+        self._mark_sampleable(t, cut, full_windows=False)
+
+    # ------------------------------------------------------------------ sampling
+
+    def _check_batch_size(self, batch_size: int) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if batch_size > len(self):
+            raise ValueError(f"batch_size ({batch_size}) is larger than the number of sampleable transitions ({len(self)})")
+
+    def _num_slots_written(self) -> int:
+        return min(self._num_added, self.rows) * self.num_envs
+
+    def _sample_uniform(self, batch_size: int) -> np.ndarray:
+        """``[batch_size]`` flat slots drawn uniformly (with replacement) from the sampleable rows.
+
+        Rejection over the written slots, a whole batch of draws per round: non-sampleable
+        slots (reset rows, the newest rows) are a small fraction in practice, and the draws
+        per round are sized by that fraction, so one or two rounds suffice.
+        """
+        written = self._num_slots_written()
+        accept_rate = len(self) / written
+        out: list[np.ndarray] = []
+        needed = batch_size
+        while needed > 0:
+            draws = self.rng.integers(0, written, size=int(needed / accept_rate * 1.1) + 16)
+            hits = draws[self._sampleable_flat.take(draws)]
+            out.append(hits[:needed])
+            needed -= len(out[-1])
+        return np.concatenate(out) if len(out) > 1 else out[0]
+
+    def sample(self, batch_size: int) -> SampleBatch:
+        """``batch_size`` n-step transitions drawn uniformly with replacement.
+
+        Columns (torch tensors, ``B = batch_size``): ``obs [B, *obs_shape]``, ``actions``,
+        ``rewards [B]`` (n-step returns), ``next_obs`` (observation after the window),
+        ``terminateds [B]`` (window ended by termination: do not bootstrap),
+        ``discounts [B]`` (``gamma**k``), ``batch_indexes [B]`` (int64 flat slots),
+        ``weights [B]`` (ones).
+        """
+        self._check_batch_size(batch_size)
+        flat = self._sample_uniform(batch_size)
+        batch = self._transitions(flat)
+        batch[SampleBatch.WEIGHTS] = torch.ones(batch_size, dtype=torch.float32)
+        return batch
+
+    def _transitions(self, flat: np.ndarray) -> SampleBatch:
+        """The n-step transitions of sampleable flat slots ``flat`` (``[B]`` int64)."""
+        size = self.capacity
+        # Window step i of slot s (env e) lives at flat (s + i) % rows * N + e = (flat + i*N) % size;
+        # i*N < size, so the modulo is one conditional subtraction.
+        window = flat[:, None] + self._window_offsets
+        np.subtract(window, size, out=window, where=window >= size)
+        returns, discounts, terminated, k = n_step_returns(
+            torch.from_numpy(self._rewards_flat.take(window)),
+            torch.from_numpy(self._terminateds_flat.take(window)),
+            torch.from_numpy(self._truncateds_flat.take(window)),
+            self.gamma,
+        )
+        next_flat = flat + self.num_envs * k.numpy()
+        np.subtract(next_flat, size, out=next_flat, where=next_flat >= size)
+        return SampleBatch(
+            {
+                SampleBatch.OBS: torch.from_numpy(self._obs_flat.take(flat, axis=0)),
+                SampleBatch.ACTIONS: torch.from_numpy(self._actions_flat.take(flat, axis=0)),
+                SampleBatch.REWARDS: returns,
+                SampleBatch.NEXT_OBS: torch.from_numpy(self._obs_flat.take(next_flat, axis=0)),
+                SampleBatch.TERMINATEDS: terminated,
+                SampleBatch.DISCOUNTS: discounts,
+                SampleBatch.BATCH_INDEXES: torch.from_numpy(flat.astype(np.int64, copy=False)),
+            }
+        )
+
+    # ------------------------------------------------------------------ checkpointing
+
+    def _config(self) -> dict[str, Any]:
+        return {
+            "capacity": self.capacity,
+            "num_envs": self.num_envs,
+            "n_step": self.n_step,
+            "gamma": self.gamma,
+            "obs_shape": list(self.obs_shape),
+            "obs_dtype": str(self.obs_dtype),
+            "action_shape": list(self.action_shape),
+            "action_dtype": str(self.action_dtype),
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """Storage (numpy arrays, not copies), counters and RNG state as a plain dict.
+
+        For ``torch.load(weights_only=True)`` convert the arrays with ``torch.from_numpy``;
+        ``load_state_dict`` takes arrays or tensors.
+        """
+        return {
+            **self._storage(),
+            "num_added": self._num_added,
+            "num_sampleable": self._num_sampleable,
+            "rng_state": self.rng.bit_generator.state,
+            "config": self._config(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what ``state_dict`` returned; the buffer then samples exactly as the original."""
+        config = dict(state["config"])
+        if config != self._config():
+            raise ValueError(f"replay buffer state is for {config}, this buffer is {self._config()}")
+        for name, array in self._storage().items():
+            np.copyto(array, _as_numpy(state[name]))
+        self._num_added = int(state["num_added"])
+        self._num_sampleable = int(state["num_sampleable"])
+        self.rng.bit_generator.state = state["rng_state"]
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(capacity={self.capacity}, num_envs={self.num_envs}, n_step={self.n_step}, "
+            f"len={len(self)}, nbytes={self.nbytes})"
+        )
+
+
+class PrioritizedReplayBuffer(ReplayBuffer):
+    """Proportional prioritized replay (Schaul et al. 2016) over the same storage.
+
+    Every flat slot has a priority ``p**alpha`` in a sum tree and a min tree; slots that
+    are not sampleable have priority 0 (``+inf`` in the min tree). A row gets the current
+    maximum priority when it becomes sampleable, and loses its priority when its slot is
+    overwritten. ``update_priorities`` sets ``(|td| + eps)**alpha``.
+
+    Args:
+        alpha: how strongly priorities skew sampling (0 = uniform).
+        beta: default importance-sampling exponent of ``sample``; annealing it is the
+            caller's job (pass ``beta``).
+        eps: added to ``|td|`` so no sampleable row gets priority 0.
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        observation_space: gym.Space,
+        action_space: gym.Space,
+        num_envs: int = 1,
+        n_step: int = 1,
+        gamma: float = 0.99,
+        seed: int | None = None,
+        alpha: float = 0.6,
+        beta: float = 0.4,
+        eps: float = 1e-6,
+    ) -> None:
+        if alpha < 0:
+            raise ValueError(f"alpha must be >= 0, got {alpha}")
+        if beta < 0:
+            raise ValueError(f"beta must be >= 0, got {beta}")
+        if eps <= 0:
+            raise ValueError(f"eps must be > 0, got {eps}")
+        super().__init__(capacity, observation_space, action_space, num_envs, n_step, gamma, seed)
+        self.alpha, self.beta, self.eps = float(alpha), float(beta), float(eps)
+        self.max_priority = 1.0  # largest |td| + eps seen (before the alpha power)
+        self._sum_tree = SumTree(self.capacity)
+        self._min_tree = MinTree(self.capacity)
+
+    @property
+    def nbytes(self) -> int:
+        return self.storage_nbytes + self.priority_nbytes
+
+    @property
+    def priority_nbytes(self) -> int:
+        """Bytes of the sum and min trees."""
+        return self._sum_tree.nbytes + self._min_tree.nbytes
+
+    def priorities(self, batch_indexes: Any) -> np.ndarray:
+        """Current priorities ``p**alpha`` of flat slots (0 where not sampleable)."""
+        return self._sum_tree[_as_numpy(batch_indexes)]
+
+    def _set(self, flat: np.ndarray, sum_values: np.ndarray | float, min_values: np.ndarray | float) -> None:
+        self._sum_tree.update(flat, sum_values)
+        self._min_tree.update(flat, min_values)
+
+    def _on_sampleable(self, flat: np.ndarray) -> None:
+        p = self.max_priority**self.alpha
+        self._set(flat, p, p)
+
+    def _on_unsampleable(self, flat: np.ndarray) -> None:
+        self._set(flat, 0.0, np.inf)
+
+    def sample(self, batch_size: int, beta: float | None = None) -> SampleBatch:
+        """``batch_size`` transitions drawn in proportion to their priorities.
+
+        Stratified: one uniform draw in each of ``batch_size`` equal segments of the total
+        priority (so rows come out ordered by slot). ``weights = (N * P(i))**-beta /
+        max_j (N * P(j))**-beta`` with ``N = len(self)``, the max over all sampleable rows
+        (from the min tree). Other columns as in ``ReplayBuffer.sample``.
+        """
+        self._check_batch_size(batch_size)
+        beta = self.beta if beta is None else float(beta)
+        total = self._sum_tree.total()
+        prefix = (np.arange(batch_size) + self.rng.random(batch_size)) * (total / batch_size)
+        flat = self._sum_tree.find_prefixsum(prefix)
+        batch = self._transitions(flat)
+        n = len(self)
+        prob = self._sum_tree[flat] / total
+        max_weight = (n * self._min_tree.min() / total) ** -beta
+        weights = (n * prob) ** -beta / max_weight
+        batch[SampleBatch.WEIGHTS] = torch.from_numpy(weights.astype(np.float32))
+        return batch
+
+    def update_priorities(self, batch_indexes: Any, td_errors: Any) -> None:
+        """Set the priorities of flat slots ``batch_indexes`` (``[B]``) to ``(|td| + eps)**alpha``.
+
+        ``td_errors`` is ``[B]`` (numpy or tensor, any device). Slots that stopped being
+        sampleable since they were drawn (overwritten by newer rows) are skipped; with
+        repeated indexes the last td error wins. ``max_priority`` tracks the largest
+        ``|td| + eps`` given.
+        """
+        flat = _as_numpy(batch_indexes).astype(np.int64, copy=False).reshape(-1)
+        td = _as_numpy(td_errors).astype(np.float64).reshape(-1)
+        if flat.shape != td.shape:
+            raise ValueError(f"update_priorities: {flat.size} batch_indexes but {td.size} td_errors")
+        if flat.size == 0:
+            return
+        if not np.isfinite(td).all():
+            raise ValueError("update_priorities: td_errors contain NaN or inf")
+        if flat.min() < 0 or flat.max() >= self.capacity:
+            raise ValueError(f"update_priorities: batch_indexes must lie in [0, {self.capacity})")
+        p = np.abs(td) + self.eps
+        live = self._sampleable_flat.take(flat)
+        if not live.all():
+            flat, p = flat[live], p[live]
+            if flat.size == 0:
+                return
+        self.max_priority = max(self.max_priority, float(p.max()))
+        p **= self.alpha
+        self._set(flat, p, p)
+
+    def _config(self) -> dict[str, Any]:
+        return {**super()._config(), "alpha": self.alpha, "eps": self.eps}
+
+    def state_dict(self) -> dict[str, Any]:
+        """As ``ReplayBuffer.state_dict`` plus the leaf priorities and ``max_priority``."""
+        state = super().state_dict()
+        state["priorities"] = self._sum_tree.leaves
+        state["max_priority"] = self.max_priority
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        priorities = _as_numpy(state["priorities"]).astype(np.float64, copy=False)
+        self._sum_tree.leaves[:] = priorities
+        self._sum_tree.rebuild()
+        self._min_tree.leaves[:] = np.where(self._sampleable_flat, priorities, np.inf)
+        self._min_tree.rebuild()
+        self.max_priority = float(state["max_priority"])
