@@ -68,8 +68,9 @@ class PPO(OnPolicyModule):
         super().__init__(
             env=env, num_envs=num_envs, rollout_fragment_length=rollout_fragment_length,
             total_env_steps=total_env_steps, iterations_per_epoch=iterations_per_epoch, seed=seed,
-            vectorization=vectorization, sampling_device=sampling_device, num_cpu_threads=num_cpu_threads, lr=lr,
-            lr_schedule=lr_schedule, gamma=gamma, lambda_=lambda_, num_sgd_iter=num_sgd_iter, sgd_minibatch_size=sgd_minibatch_size,
+            vectorization=vectorization, sampling_device=sampling_device, num_cpu_threads=num_cpu_threads,
+            lr=lr, lr_schedule=lr_schedule, gamma=gamma, lambda_=lambda_,
+            num_sgd_iter=num_sgd_iter, sgd_minibatch_size=sgd_minibatch_size,
             grad_clip=grad_clip, standardize_fields=standardize_fields, hiddens=hiddens, activation=activation,
             vf_share_layers=vf_share_layers, log_std_init=log_std_init,
         )
