@@ -1,9 +1,9 @@
 """lightning_rl: reinforcement learning as PyTorch Lightning modules and data modules."""
 
-from lightning_rl.algorithms import A2C, PPO, RLModule
+from lightning_rl.algorithms import A2C, DQN, PPO, SAC, RLModule
 from lightning_rl.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
 from lightning_rl.callbacks import LearnerInfoCallback, RolloutMetricsCallback
-from lightning_rl.data import RolloutDataModule
+from lightning_rl.data import ReplayDataModule, RolloutDataModule
 from lightning_rl.learner_info import LearnerInfoBuilder
 
 __version__ = "0.1.0"
@@ -11,11 +11,14 @@ __version__ = "0.1.0"
 __all__ = [
     "A2C",
     "DEFAULT_POLICY_ID",
+    "DQN",
     "PPO",
+    "SAC",
     "LearnerInfoBuilder",
     "LearnerInfoCallback",
     "MultiAgentBatch",
     "RLModule",
+    "ReplayDataModule",
     "RolloutDataModule",
     "RolloutMetricsCallback",
     "SampleBatch",

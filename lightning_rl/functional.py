@@ -158,3 +158,18 @@ def n_step_returns(
     discounts = torch.pow(gamma, k.to(rewards.dtype))
     terminated = (terminateds & in_window).any(dim=-1)
     return returns, discounts, terminated, k
+
+
+@torch.no_grad()
+def soft_update_(target: Sequence[Tensor], source: Sequence[Tensor], tau: float) -> None:
+    """In place, ``target <- (1 - tau) * target + tau * source`` for matching tensor lists
+    (Polyak averaging; ``tau = 1`` is a hard copy)."""
+    if tau == 1.0:
+        torch._foreach_copy_(list(target), list(source))
+    else:
+        torch._foreach_lerp_(list(target), list(source), tau)
+
+
+def huber_loss(x: Tensor, delta: float = 1.0) -> Tensor:
+    """Elementwise Huber loss of ``[N]`` errors: quadratic within ``delta``, linear outside."""
+    return torch.where(x.abs() < delta, 0.5 * x.pow(2), delta * (x.abs() - 0.5 * delta))

@@ -157,6 +157,17 @@ class RLModule(pl.LightningModule):
         self._default_datamodule = dm
         return dm.train_dataloader()
 
+    @property
+    def active_datamodule(self) -> pl.LightningDataModule | None:
+        """The DataModule feeding this fit: the Trainer's, or the default one we built."""
+        if self._trainer is not None and self.trainer.datamodule is not None:
+            return self.trainer.datamodule
+        return self._default_datamodule
+
+    def exploration_kwargs(self, policy_id: str) -> dict[str, Any]:
+        """Extra keyword arguments for the sampler's ``compute_actions`` (e.g. epsilon)."""
+        return {}
+
     def teardown(self, stage: str) -> None:
         if self._default_datamodule is not None:
             self._default_datamodule.teardown(stage)
@@ -194,14 +205,14 @@ class RLModule(pl.LightningModule):
                 self.learn_on_policy_batch(policy_id, policy_batch, builder)
                 trained += policy_batch.count
         learner_info = builder.finalize()
-        self.on_iteration_end(learner_info)
         self._weights_version += 1
         c = self.counters
         c["num_env_steps_sampled"] += batch.env_steps
-        c["num_agent_steps_sampled"] += batch.agent_steps()
+        c["num_agent_steps_sampled"] += batch.info.get("agent_steps_sampled", batch.agent_steps())
         c["num_env_steps_trained"] += trained
         c["num_agent_steps_trained"] += trained
         c["num_iterations"] += 1
+        self.on_iteration_end(learner_info)
         self.global_counters = self._sum_over_ranks(c)
         budget = self.hparams.get("total_env_steps")
         if budget is not None and self.global_counters["num_env_steps_sampled"] >= budget:

@@ -1,4 +1,13 @@
 from lightning_rl.data.envs import make_env, make_vector_env
+from lightning_rl.data.replay import ReplayDataModule
+from lightning_rl.data.replay_buffer import PrioritizedReplayBuffer, ReplayBuffer
 from lightning_rl.data.rollout import RolloutDataModule
 
-__all__ = ["RolloutDataModule", "make_env", "make_vector_env"]
+__all__ = [
+    "PrioritizedReplayBuffer",
+    "ReplayBuffer",
+    "ReplayDataModule",
+    "RolloutDataModule",
+    "make_env",
+    "make_vector_env",
+]

@@ -17,6 +17,10 @@ the following row exists) and until its slot is overwritten; so the newest row o
 is never sampleable.
 
 Flat indexes (``batch_indexes``) are ``slot * num_envs + env`` with ``slot`` the ring row.
+
+Each ``add`` must be the next step of every env. When the stream breaks (envs reset
+without an episode end, e.g. after restoring the buffer from a checkpoint), call
+``end_episodes()`` first so no window joins the old stream to the new one.
 """
 
 from __future__ import annotations
@@ -175,9 +179,7 @@ class ReplayBuffer:
         """
         n = self.num_envs
         obs, actions = _as_numpy(obs), _as_numpy(actions)
-        rewards, terminateds, truncateds, valid = (
-            _as_numpy(x) for x in (rewards, terminateds, truncateds, valid)
-        )
+        rewards, terminateds, truncateds, valid = (_as_numpy(x) for x in (rewards, terminateds, truncateds, valid))
         for name, arr, shape in (
             ("obs", obs, (n, *self.obs_shape)),
             ("actions", actions, (n, *self.action_shape)),
@@ -276,7 +278,9 @@ class ReplayBuffer:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if batch_size > len(self):
-            raise ValueError(f"batch_size ({batch_size}) is larger than the number of sampleable transitions ({len(self)})")
+            raise ValueError(
+                f"batch_size ({batch_size}) is larger than the number of sampleable transitions ({len(self)})"
+            )
 
     def _num_slots_written(self) -> int:
         return min(self._num_added, self.rows) * self.num_envs
@@ -355,14 +359,21 @@ class ReplayBuffer:
             "action_dtype": str(self.action_dtype),
         }
 
-    def state_dict(self) -> dict[str, Any]:
-        """Storage (numpy arrays, not copies), counters and RNG state as a plain dict.
+    def _arrays(self) -> dict[str, np.ndarray]:
+        return self._storage()
 
-        For ``torch.load(weights_only=True)`` convert the arrays with ``torch.from_numpy``;
-        ``load_state_dict`` takes arrays or tensors.
+    def state_dict(self, tensors: bool = False) -> dict[str, Any]:
+        """Storage, counters and RNG state as a plain dict (arrays are views, not copies).
+
+        ``tensors=True`` gives the arrays as CPU tensors sharing their memory, which
+        ``torch.load(weights_only=True)`` accepts (numpy arrays it does not); everything
+        else is ints, floats, strings, lists and dicts. ``load_state_dict`` takes either.
         """
+        arrays = self._arrays()
+        if tensors:
+            arrays = {name: torch.from_numpy(a) for name, a in arrays.items()}
         return {
-            **self._storage(),
+            **arrays,
             "num_added": self._num_added,
             "num_sampleable": self._num_sampleable,
             "rng_state": self.rng.bit_generator.state,
@@ -503,12 +514,12 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     def _config(self) -> dict[str, Any]:
         return {**super()._config(), "alpha": self.alpha, "eps": self.eps}
 
-    def state_dict(self) -> dict[str, Any]:
+    def _arrays(self) -> dict[str, np.ndarray]:
+        return {**super()._arrays(), "priorities": self._sum_tree.leaves}
+
+    def state_dict(self, tensors: bool = False) -> dict[str, Any]:
         """As ``ReplayBuffer.state_dict`` plus the leaf priorities and ``max_priority``."""
-        state = super().state_dict()
-        state["priorities"] = self._sum_tree.leaves
-        state["max_priority"] = self.max_priority
-        return state
+        return {**super().state_dict(tensors), "max_priority": self.max_priority}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)

@@ -1,0 +1,133 @@
+"""Deep Q-Networks (Mnih et al. 2015) with double Q (van Hasselt et al. 2016), dueling heads
+(Wang et al. 2016), n-step returns and prioritized replay (Schaul et al. 2016)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from lightning_rl.algorithms.off_policy import OffPolicyModule
+from lightning_rl.batch import DEFAULT_POLICY_ID, SampleBatch
+from lightning_rl.data.envs import EnvSpec
+from lightning_rl.functional import huber_loss, piecewise_linear, soft_update_
+from lightning_rl.nn.q_models import QNetwork
+
+
+class DQN(OffPolicyModule):
+    """DQN; defaults are rl-zoo's CartPole settings, which solve it in about 50k env steps.
+
+    Loss per replay minibatch::
+
+        td_error = Q(s, a) - (R + gamma^k * (1 - terminated) * Q_target(s', a*))
+        loss     = mean(weights * huber(td_error))
+
+    with ``a* = argmax_a Q(s', a)`` under ``double_q`` (else under ``Q_target``).
+
+    Args:
+        double_q: pick the bootstrap action with the online network.
+        dueling: ``Q = V + A - mean(A)`` heads.
+        target_network_update_freq: env steps between target updates.
+        tau: target update ``target <- (1 - tau) target + tau online``; 1 = hard copy.
+        epsilon_start, epsilon_end, epsilon_timesteps: linear epsilon-greedy schedule over
+            env steps.
+        prioritized_replay, prioritized_replay_alpha, prioritized_replay_beta,
+        prioritized_replay_eps: proportional prioritized replay; beta anneals to 1 over
+            ``total_env_steps``.
+
+    See ``OffPolicyModule``/``RLModule`` and the README for the shared hyperparameters.
+    """
+
+    def __init__(
+        self,
+        env: EnvSpec = "CartPole-v1",
+        num_envs: int = 1,
+        total_env_steps: int | None = 60_000,
+        iterations_per_epoch: int = 20,
+        seed: int | None = None,
+        vectorization: str = "auto",
+        sampling_device: str = "cpu",
+        num_cpu_threads: int | None = 1,
+        lr: float = 2.3e-3,
+        gamma: float = 0.99,
+        buffer_size: int = 100_000,
+        learning_starts: int = 1000,
+        train_freq: int = 256,
+        num_gradient_steps: int = 128,
+        train_batch_size: int = 64,
+        n_step: int = 1,
+        grad_clip: float | None = 10.0,
+        hiddens: Sequence[int] = (256, 256),
+        activation: str = "relu",
+        double_q: bool = True,
+        dueling: bool = False,
+        target_network_update_freq: int = 10,
+        tau: float = 1.0,
+        epsilon_start: float = 1.0,
+        epsilon_end: float = 0.04,
+        epsilon_timesteps: int = 8000,
+        prioritized_replay: bool = False,
+        prioritized_replay_alpha: float = 0.6,
+        prioritized_replay_beta: float = 0.4,
+        prioritized_replay_eps: float = 1e-6,
+    ) -> None:
+        super().__init__(
+            env=env, num_envs=num_envs, total_env_steps=total_env_steps, iterations_per_epoch=iterations_per_epoch,
+            seed=seed, vectorization=vectorization, sampling_device=sampling_device, num_cpu_threads=num_cpu_threads,
+            lr=lr, gamma=gamma, buffer_size=buffer_size, learning_starts=learning_starts, train_freq=train_freq,
+            num_gradient_steps=num_gradient_steps, train_batch_size=train_batch_size, n_step=n_step,
+            prioritized_replay=prioritized_replay, prioritized_replay_alpha=prioritized_replay_alpha,
+            prioritized_replay_beta=prioritized_replay_beta, prioritized_replay_eps=prioritized_replay_eps,
+        )
+        self.save_hyperparameters()
+        if not 0.0 < tau <= 1.0:
+            raise ValueError(f"tau must be in (0, 1], got {tau}")
+        if not 0.0 <= epsilon_end <= 1.0 or not 0.0 <= epsilon_start <= 1.0:
+            raise ValueError(f"epsilon_start and epsilon_end must be in [0, 1], got {epsilon_start}, {epsilon_end}")
+        with torch.random.fork_rng():
+            if seed is not None:
+                torch.manual_seed(seed)
+            self.policies[DEFAULT_POLICY_ID] = QNetwork(
+                self.observation_space, self.action_space, hiddens, activation, dueling
+            )
+        self.target_q = copy.deepcopy(self.policies).requires_grad_(False)
+        self.epsilon_points = [(0.0, epsilon_start), (float(max(epsilon_timesteps, 1)), epsilon_end)]
+
+    def configure_optimizers(self) -> Any:
+        return [torch.optim.Adam(self.policies[pid].parameters(), lr=self.hparams.lr, fused=True)
+                for pid in self.policies_to_train]
+
+    def exploration_kwargs(self, policy_id: str) -> dict[str, Any]:
+        return {"epsilon": piecewise_linear(self.epsilon_points, self.counters["num_env_steps_sampled"])}
+
+    def update(self, policy_id: str, batch: SampleBatch) -> dict[str, Any]:
+        hp = self.hparams
+        q_net, target_net = self.policies[policy_id], self.target_q[policy_id]
+        q = q_net(batch[SampleBatch.OBS]).gather(-1, batch[SampleBatch.ACTIONS].long().unsqueeze(-1)).squeeze(-1)
+        with torch.no_grad():
+            next_obs = batch[SampleBatch.NEXT_OBS]
+            next_target_q = target_net(next_obs)
+            chooser = q_net(next_obs) if hp.double_q else next_target_q
+            next_q = next_target_q.gather(-1, chooser.argmax(-1, keepdim=True)).squeeze(-1)
+            not_done = 1.0 - batch[SampleBatch.TERMINATEDS].float()
+            target = batch[SampleBatch.REWARDS] + batch[SampleBatch.DISCOUNTS] * not_done * next_q
+        td_error = q - target
+        loss = (batch[SampleBatch.WEIGHTS] * huber_loss(td_error)).mean()
+
+        optimizer = self.policy_optimizer(policy_id)
+        optimizer.zero_grad(set_to_none=True)
+        self.manual_backward(loss)
+        if hp.grad_clip is not None:
+            self.clip_gradients(optimizer, hp.grad_clip, gradient_clip_algorithm="norm")
+        optimizer.step()
+        return {
+            "learner_stats": {"loss": loss.detach(), "mean_q": q.detach().mean(), "max_q": q.detach().max(),
+                              "min_q": q.detach().min(), "cur_epsilon": self.exploration_kwargs(policy_id)["epsilon"]},
+            "td_error": td_error.detach(),
+        }
+
+    def on_iteration_end(self, learner_info: dict[str, Any]) -> None:
+        if self.target_update_due():
+            soft_update_(list(self.target_q.parameters()), list(self.policies.parameters()), self.hparams.tau)

@@ -1,0 +1,143 @@
+"""Soft Actor-Critic (Haarnoja et al. 2018, https://arxiv.org/abs/1812.05905) with automatic
+entropy tuning and twin Q-networks."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from lightning_rl.algorithms.off_policy import OffPolicyModule
+from lightning_rl.batch import DEFAULT_POLICY_ID, SampleBatch
+from lightning_rl.data.envs import EnvSpec
+from lightning_rl.functional import soft_update_
+from lightning_rl.nn.q_models import SquashedGaussianActor, TwinQ
+
+
+class SAC(OffPolicyModule):
+    """SAC for Box actions of any bounds; defaults are rl-zoo's Pendulum-v1 settings.
+
+    Per replay minibatch, in this order (as in the paper's reference code)::
+
+        alpha_loss  = -mean(log_alpha * (log pi(a~|s) + target_entropy))
+        target      = R + gamma^k (1 - terminated) (min_i Q_target_i(s', a') - alpha log pi(a'|s'))
+        critic_loss = 0.5 * mean(weights * sum_i (Q_i(s, a) - target)^2)
+        actor_loss  = mean(alpha * log pi(a~|s) - min_i Q_i(s, a~))
+
+    then target critics move toward the critics by Polyak averaging with ``tau``.
+
+    Args:
+        tau: Polyak coefficient of the target critics, applied every
+            ``target_network_update_freq`` env steps.
+        initial_alpha: starting entropy temperature.
+        target_entropy: ``"auto"`` (``-action_dim``) or a number.
+
+    See ``OffPolicyModule``/``RLModule`` and the README for the shared hyperparameters.
+    """
+
+    def __init__(
+        self,
+        env: EnvSpec = "Pendulum-v1",
+        num_envs: int = 1,
+        total_env_steps: int | None = 20_000,
+        iterations_per_epoch: int = 1000,
+        seed: int | None = None,
+        vectorization: str = "auto",
+        sampling_device: str = "cpu",
+        num_cpu_threads: int | None = 1,
+        lr: float = 1e-3,
+        gamma: float = 0.99,
+        buffer_size: int = 1_000_000,
+        learning_starts: int = 100,
+        train_freq: int = 1,
+        num_gradient_steps: int = 1,
+        train_batch_size: int = 256,
+        n_step: int = 1,
+        grad_clip: float | None = None,
+        hiddens: Sequence[int] = (256, 256),
+        activation: str = "relu",
+        tau: float = 0.005,
+        target_network_update_freq: int = 1,
+        initial_alpha: float = 1.0,
+        target_entropy: float | str = "auto",
+        prioritized_replay: bool = False,
+        prioritized_replay_alpha: float = 0.6,
+        prioritized_replay_beta: float = 0.4,
+        prioritized_replay_eps: float = 1e-6,
+    ) -> None:
+        super().__init__(
+            env=env, num_envs=num_envs, total_env_steps=total_env_steps, iterations_per_epoch=iterations_per_epoch,
+            seed=seed, vectorization=vectorization, sampling_device=sampling_device, num_cpu_threads=num_cpu_threads,
+            lr=lr, gamma=gamma, buffer_size=buffer_size, learning_starts=learning_starts, train_freq=train_freq,
+            num_gradient_steps=num_gradient_steps, train_batch_size=train_batch_size, n_step=n_step,
+            prioritized_replay=prioritized_replay, prioritized_replay_alpha=prioritized_replay_alpha,
+            prioritized_replay_beta=prioritized_replay_beta, prioritized_replay_eps=prioritized_replay_eps,
+        )
+        self.save_hyperparameters()
+        if not 0.0 < tau <= 1.0 or initial_alpha <= 0:
+            raise ValueError(f"tau must be in (0, 1] and initial_alpha > 0, got {tau}, {initial_alpha}")
+        with torch.random.fork_rng():
+            if seed is not None:
+                torch.manual_seed(seed)
+            self.policies[DEFAULT_POLICY_ID] = SquashedGaussianActor(
+                self.observation_space, self.action_space, hiddens, activation
+            )
+            action_dim = int(self.action_space.shape[0])
+            self.critics = nn.ModuleDict({DEFAULT_POLICY_ID: TwinQ(self.observation_space, action_dim, hiddens,
+                                                                   activation)})
+        self.target_critics = copy.deepcopy(self.critics).requires_grad_(False)
+        self.log_alpha = nn.ParameterDict(
+            {DEFAULT_POLICY_ID: nn.Parameter(torch.tensor(float(initial_alpha)).log())}
+        )
+        self.target_entropy = -float(action_dim) if target_entropy == "auto" else float(target_entropy)
+
+    def configure_optimizers(self) -> Any:
+        pid = DEFAULT_POLICY_ID
+        lr = self.hparams.lr
+        return [
+            torch.optim.Adam(self.policies[pid].parameters(), lr=lr, fused=True),
+            torch.optim.Adam(self.critics[pid].parameters(), lr=lr, fused=True),
+            torch.optim.Adam([self.log_alpha[pid]], lr=lr),
+        ]
+
+    def _step(self, optimizer: Any, loss: torch.Tensor) -> None:
+        optimizer.zero_grad(set_to_none=True)
+        self.manual_backward(loss)
+        if self.hparams.grad_clip is not None:
+            self.clip_gradients(optimizer, self.hparams.grad_clip, gradient_clip_algorithm="norm")
+        optimizer.step()
+
+    def update(self, policy_id: str, batch: SampleBatch) -> dict[str, Any]:
+        actor, critic, target_critic = self.policies[policy_id], self.critics[policy_id], self.target_critics[policy_id]
+        actor_opt, critic_opt, alpha_opt = self.optimizers()
+        obs, weights = batch[SampleBatch.OBS], batch[SampleBatch.WEIGHTS]
+
+        new_actions, logp = actor(obs)
+        alpha_loss = -(self.log_alpha[policy_id] * (logp.detach() + self.target_entropy)).mean()
+        self._step(alpha_opt, alpha_loss)
+        alpha = self.log_alpha[policy_id].detach().exp()
+
+        with torch.no_grad():
+            next_actions, next_logp = actor(batch[SampleBatch.NEXT_OBS])
+            next_q = torch.minimum(*target_critic(batch[SampleBatch.NEXT_OBS], next_actions)) - alpha * next_logp
+            not_done = 1.0 - batch[SampleBatch.TERMINATEDS].float()
+            target = batch[SampleBatch.REWARDS] + batch[SampleBatch.DISCOUNTS] * not_done * next_q
+        q1, q2 = critic(obs, actor.normalize(batch[SampleBatch.ACTIONS]))
+        critic_loss = 0.5 * (weights * ((q1 - target).pow(2) + (q2 - target).pow(2))).mean()
+        self._step(critic_opt, critic_loss)
+
+        actor_loss = (alpha * logp - torch.minimum(*critic(obs, new_actions))).mean()
+        self._step(actor_opt, actor_loss)
+        return {
+            "learner_stats": {"actor_loss": actor_loss.detach(), "critic_loss": critic_loss.detach(),
+                              "alpha_loss": alpha_loss.detach(), "alpha": alpha, "entropy": -logp.detach().mean(),
+                              "mean_q": q1.detach().mean()},
+            "td_error": (q1 - target).detach(),
+        }
+
+    def on_iteration_end(self, learner_info: dict[str, Any]) -> None:
+        if learner_info and self.target_update_due():
+            soft_update_(list(self.target_critics.parameters()), list(self.critics.parameters()), self.hparams.tau)

@@ -1,0 +1,134 @@
+"""EnvDataModule: what every env-owning DataModule shares (envs, seeds, the module door, episodes)."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from itertools import islice
+from typing import TYPE_CHECKING, Any
+
+import gymnasium as gym
+import numpy as np
+import pytorch_lightning as pl
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from lightning_rl.batch import MultiAgentBatch
+from lightning_rl.data.envs import EnvSpec, make_vector_env
+
+if TYPE_CHECKING:
+    from lightning_rl.algorithms.base import RLModule
+
+# Sampling steps envs with the live policy, so it must run in the training process.
+warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+
+
+def rank_seed(seed: int | None, rank: int) -> int | None:
+    """Distinct env seeds per DDP rank (``seed + 1000 * rank``)."""
+    return None if seed is None else seed + 1000 * rank
+
+
+class _Iterations(IterableDataset):
+    """``iterations_per_epoch`` batches per epoch; env state carries across epochs."""
+
+    def __init__(self, datamodule: EnvDataModule) -> None:
+        self.datamodule = datamodule
+
+    def __len__(self) -> int:
+        return self.datamodule.iterations_per_epoch
+
+    def __iter__(self) -> Iterator[MultiAgentBatch]:
+        for _ in range(len(self)):
+            yield self.datamodule.sample()
+
+
+class EnvDataModule(pl.LightningDataModule):
+    """Owns ``num_envs`` vector envs and yields one ``MultiAgentBatch`` per training step.
+
+    The module reaches the DataModule through ``connect`` (Lightning's ``setup`` connects
+    the trainer's module); subclasses implement ``sample``. ``batch.info`` carries the
+    episodes that finished and the sampling time, for callbacks.
+    """
+
+    def __init__(
+        self,
+        env: EnvSpec,
+        num_envs: int,
+        vectorization: str,
+        seed: int | None,
+        iterations_per_epoch: int,
+        sampling_device: str,
+    ) -> None:
+        super().__init__()
+        if iterations_per_epoch < 1:
+            raise ValueError(f"iterations_per_epoch must be >= 1, got {iterations_per_epoch}")
+        self.env = env
+        self.num_envs = num_envs
+        self.vectorization = vectorization
+        self.seed = seed
+        self.iterations_per_epoch = iterations_per_epoch
+        self.sampling_device = torch.device(sampling_device)
+        self.module: RLModule | None = None
+        self.envs: gym.vector.VectorEnv | None = None
+        self.generator = torch.Generator()
+
+    def connect(self, module: RLModule) -> None:
+        """The one door through which the DataModule learns the policy it samples with."""
+        self.module = module
+
+    def setup(self, stage: str) -> None:
+        if self.module is None and self.trainer is not None:
+            self.connect(self.trainer.lightning_module)
+        if self.module is None:
+            raise RuntimeError(f"{type(self).__name__} needs a module: call connect(module) or use it with a Trainer")
+        if self.envs is not None:
+            return
+        rank = self.trainer.global_rank if self.trainer is not None else 0
+        seed = rank_seed(self.seed, rank)
+        self.envs = make_vector_env(self.env, self.num_envs, self.vectorization)
+        self.module.check_spaces(self.envs.single_observation_space, self.envs.single_action_space)
+        if seed is not None:
+            self.generator.manual_seed(seed)
+            self.envs.action_space.seed(seed)
+        self._obs, _ = self.envs.reset(seed=seed)
+        self._prev_done = np.zeros(self.num_envs, dtype=bool)
+        self._episodes_seen = 0
+        action_space = self.envs.single_action_space
+        self._clip = (action_space.low, action_space.high) if isinstance(action_space, gym.spaces.Box) else None
+        self.on_envs_ready()
+
+    def on_envs_ready(self) -> None:
+        """Subclass hook: envs are built and reset (allocate buffers here)."""
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(_Iterations(self), batch_size=None, num_workers=0)
+
+    def teardown(self, stage: str) -> None:
+        if self.envs is not None:
+            self.envs.close()
+            self.envs = None
+
+    def sample(self) -> MultiAgentBatch:
+        """The next iteration's batch."""
+        raise NotImplementedError
+
+    def step_envs(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """One vector-env step. Returns ``(obs, rewards, terminateds, truncateds, valid)`` where
+        ``obs`` is what the actions were taken in and ``valid`` is False for the reset steps
+        of gymnasium's next-step autoreset (the step after an episode end only resets)."""
+        obs = self._obs
+        if self._clip is not None:
+            actions = np.clip(actions, *self._clip)
+        self._obs, rewards, terminateds, truncateds, _ = self.envs.step(actions)
+        valid = ~self._prev_done
+        self._prev_done = terminateds | truncateds
+        return obs, rewards, terminateds, truncateds, valid
+
+    def episode_info(self) -> dict[str, Any]:
+        """Returns and lengths of the episodes that ended since the last call."""
+        stats = self.envs  # the RecordEpisodeStatistics wrapper
+        new = min(stats.episode_count - self._episodes_seen, len(stats.return_queue))
+        self._episodes_seen = stats.episode_count
+        returns = [float(r) for r in islice(reversed(stats.return_queue), new)][::-1]
+        lengths = [int(n) for n in islice(reversed(stats.length_queue), new)][::-1]
+        return {"episode_returns": returns, "episode_lengths": lengths}

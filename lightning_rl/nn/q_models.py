@@ -1,0 +1,134 @@
+"""Value-based and soft actor-critic networks: Q heads (DQN) and squashed Gaussian actors (SAC)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import gymnasium as gym
+import torch
+from torch import Tensor, nn
+
+from lightning_rl.nn.models import flat_obs_dim, mlp, preprocess_obs
+
+
+class QNetwork(nn.Module):
+    """Q-values of every discrete action; optionally dueling (Wang et al. 2016):
+    ``Q = V + A - mean(A)``."""
+
+    def __init__(
+        self,
+        observation_space: gym.Space,
+        action_space: gym.Space,
+        hiddens: Sequence[int] = (256, 256),
+        activation: str = "relu",
+        dueling: bool = False,
+    ) -> None:
+        super().__init__()
+        if not isinstance(action_space, gym.spaces.Discrete):
+            raise ValueError(f"unsupported action space {action_space}: DQN needs Discrete actions")
+        self.observation_space = observation_space
+        self.num_actions = int(action_space.n)
+        in_dim = flat_obs_dim(observation_space)
+        self.encoder = mlp(in_dim, hiddens, activation)
+        out_dim = hiddens[-1] if hiddens else in_dim
+        self.advantage_head = nn.Linear(out_dim, self.num_actions)
+        self.value_head = nn.Linear(out_dim, 1) if dueling else None
+        # Exploration rate used by compute_actions(explore=True); a buffer so that sampling
+        # copies of the network receive it with the weights.
+        self.register_buffer("epsilon", torch.zeros(()), persistent=False)
+
+    def forward(self, obs: Tensor) -> Tensor:
+        """``[N, *obs_shape]`` -> ``[N, num_actions]`` Q-values."""
+        features = self.encoder(preprocess_obs(obs, self.observation_space))
+        advantages = self.advantage_head(features)
+        if self.value_head is None:
+            return advantages
+        return self.value_head(features) + advantages - advantages.mean(-1, keepdim=True)
+
+    def compute_actions(
+        self, obs: Tensor, explore: bool = True, generator: torch.Generator | None = None,
+        epsilon: float | None = None,
+    ) -> dict[str, Tensor]:
+        """Epsilon-greedy actions (greedy when ``explore`` is False)."""
+        greedy = self(obs).argmax(-1)
+        eps = float(self.epsilon) if epsilon is None else epsilon
+        if not explore or eps <= 0:
+            return {"actions": greedy}
+        n = greedy.shape[0]
+        random_actions = torch.randint(self.num_actions, (n,), generator=generator, device=greedy.device)
+        take_random = torch.rand(n, generator=generator, device=greedy.device) < eps
+        return {"actions": torch.where(take_random, random_actions, greedy)}
+
+
+class SquashedGaussianActor(nn.Module):
+    """SAC's policy: a Gaussian squashed by tanh and scaled to the Box bounds."""
+
+    LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
+
+    def __init__(
+        self,
+        observation_space: gym.Space,
+        action_space: gym.Space,
+        hiddens: Sequence[int] = (256, 256),
+        activation: str = "relu",
+    ) -> None:
+        super().__init__()
+        if not (isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1):
+            raise ValueError(f"unsupported action space {action_space}: SAC needs 1-D Box actions")
+        self.observation_space = observation_space
+        in_dim = flat_obs_dim(observation_space)
+        dim = int(action_space.shape[0])
+        self.encoder = mlp(in_dim, hiddens, activation)
+        self.head = nn.Linear(hiddens[-1] if hiddens else in_dim, 2 * dim)
+        low, high = torch.as_tensor(action_space.low, dtype=torch.float32), torch.as_tensor(action_space.high)
+        self.register_buffer("action_mid", (high.float() + low) / 2)
+        self.register_buffer("action_half", (high.float() - low) / 2)
+
+    def normalize(self, actions: Tensor) -> Tensor:
+        """Env actions -> ``[-1, 1]``."""
+        return (actions - self.action_mid) / self.action_half
+
+    def forward(
+        self, obs: Tensor, deterministic: bool = False, generator: torch.Generator | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """Reparameterized ``[N, dim]`` actions in ``[-1, 1]`` and their ``[N]`` log-probs."""
+        mean, log_std = self.head(self.encoder(preprocess_obs(obs, self.observation_space))).chunk(2, dim=-1)
+        log_std = log_std.clamp(self.LOG_STD_MIN, self.LOG_STD_MAX)
+        if deterministic:
+            pre_tanh = mean
+        else:
+            noise = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
+            pre_tanh = mean + noise * log_std.exp()
+        z = (pre_tanh - mean) * torch.exp(-log_std)
+        logp = (-0.5 * z.pow(2) - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+        # tanh change of variables, in the stable form 2 (log 2 - x - softplus(-2x)).
+        logp = logp - (2 * (math.log(2) - pre_tanh - nn.functional.softplus(-2 * pre_tanh))).sum(-1)
+        return torch.tanh(pre_tanh), logp
+
+    def compute_actions(
+        self, obs: Tensor, explore: bool = True, generator: torch.Generator | None = None
+    ) -> dict[str, Tensor]:
+        """Env-scaled actions for ``[N, *obs_shape]`` observations."""
+        actions, _ = self(obs, deterministic=not explore, generator=generator)
+        return {"actions": self.action_mid + actions * self.action_half}
+
+
+class TwinQ(nn.Module):
+    """Two independent Q(s, a) networks for continuous actions (clipped double Q, Fujimoto et al. 2018)."""
+
+    def __init__(
+        self, observation_space: gym.Space, action_dim: int, hiddens: Sequence[int] = (256, 256),
+        activation: str = "relu",
+    ) -> None:
+        super().__init__()
+        self.observation_space = observation_space
+        in_dim = flat_obs_dim(observation_space) + action_dim
+        out_dim = hiddens[-1] if hiddens else in_dim
+        self.q1 = nn.Sequential(mlp(in_dim, hiddens, activation), nn.Linear(out_dim, 1))
+        self.q2 = nn.Sequential(mlp(in_dim, hiddens, activation), nn.Linear(out_dim, 1))
+
+    def forward(self, obs: Tensor, actions: Tensor) -> tuple[Tensor, Tensor]:
+        """``[N, *obs_shape]``, ``[N, dim]`` actions in ``[-1, 1]`` -> two ``[N]`` Q-values."""
+        x = torch.cat([preprocess_obs(obs, self.observation_space), actions], dim=-1)
+        return self.q1(x).squeeze(-1), self.q2(x).squeeze(-1)
