@@ -8,7 +8,9 @@ Both implementations get the rl-baselines3-zoo hyperparameters for CartPole-v1:
 * A2C: 8 envs, 5 steps per env per iteration, RMSprop (alpha 0.99, eps 1e-5), lr 7e-4, gamma 0.99,
   GAE lambda 1.0, no entropy bonus, no advantage normalization; 500k env steps.
 
-Runs alternate within one invocation (ours-sync seed 0, ours-vec seed 0, sb3 seed 0, ours-sync
+Before the timed runs each implementation trains for two iterations untimed (``--no-warmup`` skips
+this), so the first timed run does not pay for lazy imports and first-call set-up. Runs alternate
+within one invocation (ours-sync seed 0, ours-vec seed 0, sb3 seed 0, ours-sync
 seed 1, ...), so slow drifts in machine load hit all implementations alike.
 
 Measured per run:
@@ -33,9 +35,16 @@ Known differences between the two implementations (not benchmark artifacts):
   rollout, SB3 after it (one iteration apart: 256 of 100k steps for PPO).
 
 Threads: ``torch.set_num_threads(--threads)`` (default 1) is applied once, for both, and
-re-asserted before every run. Both sample in the training process with one env per Python object
-for ``sync``/SB3's ``DummyVecEnv``; ``ours-vec`` uses gymnasium's numpy-batched CartPole
+re-asserted before every run; ours also gets ``num_cpu_threads=--threads`` (the modules set the
+thread count during ``fit`` themselves). More threads than idle cores slows both down badly.
+Both sample in the training process, one Python env object per env for ``sync`` and SB3's
+``DummyVecEnv``; ``ours-vec`` uses gymnasium's numpy-batched CartPole
 (``vectorization="vector_entry_point"``), which SB3 has no counterpart for.
+
+Ours runs as a user would run it: with the ``LearnerInfoCallback`` and ``RolloutMetricsCallback``
+the modules add by default, which call ``LightningModule.log`` each iteration even with
+``logger=False``. ``--steps-scale`` also shortens the linear schedules (they decay to 0 over the
+scaled budget), so scaled-down runs need not solve.
 
 Usage::
 
@@ -49,6 +58,7 @@ The last stdout line is one JSON object with every figure.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import logging
 import math
@@ -82,6 +92,7 @@ ENV_ID = "CartPole-v1"
 SOLVE_THRESHOLD = 475.0
 SOLVE_WINDOW = 20
 DEFAULT_STEPS = {"ppo": 100_000, "a2c": 500_000}
+WARMUP_STEPS = {"ppo": 512, "a2c": 80}  # two iterations
 VECTORIZATION_LABELS = {"sync": "ours-sync", "vector_entry_point": "ours-vec"}
 
 
@@ -172,23 +183,29 @@ def linear_schedule(initial: float) -> Callable[[float], float]:
     return schedule
 
 
-def build_ours(algo: str, seed: int, steps: int, vectorization: str) -> Any:
+def build_ours(algo: str, seed: int, steps: int, vectorization: str, threads: int) -> Any:
+    # The modules set torch's intra-op threads during fit (``num_cpu_threads``, default 1): pass
+    # --threads so both implementations run with the same count.
+    extra: dict[str, Any] = {}
+    cls = PPO if algo == "ppo" else A2C
+    if "num_cpu_threads" in inspect.signature(cls.__init__).parameters:
+        extra["num_cpu_threads"] = threads
     if algo == "ppo":
         return PPO(
             env=ENV_ID, num_envs=8, rollout_fragment_length=32, num_sgd_iter=20, sgd_minibatch_size=256,
             lr=1e-3, lr_schedule="linear", clip_param=0.2, clip_param_schedule="linear", gamma=0.98,
             lambda_=0.8, entropy_coeff=0.0, vf_loss_coeff=0.5, grad_clip=0.5, seed=seed,
-            total_env_steps=steps, vectorization=vectorization,
+            total_env_steps=steps, vectorization=vectorization, **extra,
         )
     return A2C(
         env=ENV_ID, num_envs=8, rollout_fragment_length=5, lr=7e-4, gamma=0.99, lambda_=1.0,
         vf_loss_coeff=0.5, entropy_coeff=0.0, grad_clip=0.5, optimizer="rmsprop", standardize_fields=(),
-        seed=seed, total_env_steps=steps, vectorization=vectorization,
+        seed=seed, total_env_steps=steps, vectorization=vectorization, **extra,
     )
 
 
-def run_ours(algo: str, seed: int, steps: int, vectorization: str) -> RunResult:
-    model = build_ours(algo, seed, steps, vectorization)
+def run_ours(algo: str, seed: int, steps: int, vectorization: str, threads: int) -> RunResult:
+    model = build_ours(algo, seed, steps, vectorization, threads)
     tracker = SolveTracker()
     trainer = pl.Trainer(
         accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
@@ -328,6 +345,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads for both (default 1)")
     p.add_argument("--no-sb3", action="store_true", help="run only ours (profiling)")
+    p.add_argument("--no-warmup", action="store_true", help="skip the untimed two-iteration run of each impl")
     args = p.parse_args(argv)
     args.algos = [a.strip().lower() for a in args.algos.split(",") if a.strip()]
     unknown = set(args.algos) - set(DEFAULT_STEPS)
@@ -370,15 +388,22 @@ def main(argv: Sequence[str] | None = None) -> None:
     for algo in args.algos:
         steps = max(1, int(budgets[algo] * args.steps_scale))
         results: list[RunResult] = []
+        # None = SB3; the order is ours (each vectorization), then SB3, seed by seed
+        jobs: list[str | None] = [*args.vectorization, *([] if args.no_sb3 else [None])]
+        if not args.no_warmup:  # untimed: lazy imports and first-call set-up of each implementation
+            for vectorization in jobs:
+                torch.set_num_threads(args.threads)
+                if vectorization is None:
+                    run_sb3(algo, 0, WARMUP_STEPS[algo])
+                else:
+                    run_ours(algo, 0, WARMUP_STEPS[algo], vectorization, args.threads)
         for seed in range(args.seeds):
-            # None = SB3; the order is ours (each vectorization), then SB3, seed by seed
-            jobs: list[str | None] = [*args.vectorization, *([] if args.no_sb3 else [None])]
             for vectorization in jobs:
                 torch.set_num_threads(args.threads)
                 if vectorization is None:
                     r = run_sb3(algo, seed, steps)
                 else:
-                    r = run_ours(algo, seed, steps, vectorization)
+                    r = run_ours(algo, seed, steps, vectorization, args.threads)
                 results.append(r)
                 solve = "not solved" if r.solve_s is None else f"solved at {r.solve_s:.1f}s / {r.solve_steps:,} steps"
                 last = "-" if r.final_mean_return is None else f"{r.final_mean_return:.1f}"

@@ -4,6 +4,7 @@ from lightning_rl.algorithms import A2C, DQN, PPO, SAC, RLModule
 from lightning_rl.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
 from lightning_rl.callbacks import LearnerInfoCallback, RolloutMetricsCallback
 from lightning_rl.data import ReplayDataModule, RolloutDataModule
+from lightning_rl.evaluation import evaluate
 from lightning_rl.learner_info import LearnerInfoBuilder
 
 __version__ = "0.1.0"
@@ -22,4 +23,5 @@ __all__ = [
     "RolloutDataModule",
     "RolloutMetricsCallback",
     "SampleBatch",
+    "evaluate",
 ]

@@ -8,7 +8,8 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from lightning_rl.algorithms.on_policy import OnPolicyModule, Schedule
+from lightning_rl.algorithms.base import Schedule
+from lightning_rl.algorithms.on_policy import OnPolicyModule
 from lightning_rl.batch import SampleBatch
 from lightning_rl.data.envs import EnvSpec
 from lightning_rl.functional import explained_variance, value_loss

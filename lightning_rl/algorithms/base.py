@@ -9,6 +9,8 @@ from __future__ import annotations
 import copy
 import logging
 import time
+from collections.abc import Sequence
+from itertools import pairwise
 from typing import Any
 
 import gymnasium as gym
@@ -19,6 +21,7 @@ from torch import Tensor, nn
 
 from lightning_rl.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
 from lightning_rl.data.envs import EnvSpec, env_spaces, resolve_vectorization
+from lightning_rl.functional import piecewise_linear
 from lightning_rl.learner_info import LearnerInfoBuilder
 
 log = logging.getLogger(__name__)
@@ -33,6 +36,26 @@ COUNTER_NAMES = (
     "num_target_updates",
 )
 
+
+Schedule = str | Sequence[Sequence[float]] | None
+
+def resolve_schedule(
+    name: str, schedule: Schedule, initial: float, total_env_steps: int | None
+) -> list[tuple[float, float]] | None:
+    """``"constant"``/``None`` -> no schedule; ``"linear"`` -> ``initial`` down to 0 over
+    ``total_env_steps``; a list of ``[env_step, value]`` points -> piecewise linear."""
+    if schedule is None or schedule == "constant":
+        return None
+    if schedule == "linear":
+        if total_env_steps is None:
+            raise ValueError(f"{name}='linear' decays to 0 over total_env_steps, which is None")
+        return [(0.0, initial), (float(total_env_steps), 0.0)]
+    if isinstance(schedule, str):
+        raise ValueError(f"{name} must be 'constant', 'linear' or a list of [env_step, value], got {schedule!r}")
+    points = [(float(t), float(v)) for t, v in schedule]
+    if not points or any(b[0] <= a[0] for a, b in pairwise(points)):
+        raise ValueError(f"{name} points must be non-empty with increasing env steps, got {schedule!r}")
+    return points
 
 def check_positive(**values: float | None) -> None:
     for name, value in values.items():
@@ -187,6 +210,20 @@ class RLModule(pl.LightningModule):
 
     def on_iteration_end(self, learner_info: dict[str, Any]) -> None:
         """Per-iteration updates after learning (KL coefficient, target networks)."""
+
+    def current(self, points: list[tuple[float, float]] | None, constant: float) -> float:
+        """Value of a schedule at the env steps sampled so far (global over ranks)."""
+        if points is None:
+            return constant
+        return piecewise_linear(points, self.global_counters["num_env_steps_sampled"])
+
+    def apply_lr_schedule(self, *optimizers: Any) -> float:
+        """Set the scheduled learning rate (``lr_points``, else ``hparams.lr``) on ``optimizers``."""
+        lr = self.current(getattr(self, "lr_points", None), self.hparams.lr)
+        for optimizer in optimizers:
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+        return lr
 
     def policy_optimizer(self, policy_id: str) -> Any:
         optimizers = self.optimizers()

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from lightning_rl.algorithms.base import Schedule
 from lightning_rl.algorithms.off_policy import OffPolicyModule
 from lightning_rl.batch import DEFAULT_POLICY_ID, SampleBatch
 from lightning_rl.data.envs import EnvSpec
@@ -51,6 +52,7 @@ class DQN(OffPolicyModule):
         sampling_device: str = "cpu",
         num_cpu_threads: int | None = 1,
         lr: float = 2.3e-3,
+        lr_schedule: Schedule = None,
         gamma: float = 0.99,
         buffer_size: int = 100_000,
         learning_starts: int = 1000,
@@ -76,8 +78,9 @@ class DQN(OffPolicyModule):
         super().__init__(
             env=env, num_envs=num_envs, total_env_steps=total_env_steps, iterations_per_epoch=iterations_per_epoch,
             seed=seed, vectorization=vectorization, sampling_device=sampling_device, num_cpu_threads=num_cpu_threads,
-            lr=lr, gamma=gamma, buffer_size=buffer_size, learning_starts=learning_starts, train_freq=train_freq,
-            num_gradient_steps=num_gradient_steps, train_batch_size=train_batch_size, n_step=n_step,
+            lr=lr, lr_schedule=lr_schedule, gamma=gamma, buffer_size=buffer_size, learning_starts=learning_starts,
+            train_freq=train_freq, num_gradient_steps=num_gradient_steps, train_batch_size=train_batch_size,
+            n_step=n_step,
             prioritized_replay=prioritized_replay, prioritized_replay_alpha=prioritized_replay_alpha,
             prioritized_replay_beta=prioritized_replay_beta, prioritized_replay_eps=prioritized_replay_eps,
         )
@@ -102,7 +105,8 @@ class DQN(OffPolicyModule):
     def exploration_kwargs(self, policy_id: str) -> dict[str, Any]:
         return {"epsilon": piecewise_linear(self.epsilon_points, self.counters["num_env_steps_sampled"])}
 
-    def update(self, policy_id: str, batch: SampleBatch) -> dict[str, Any]:
+    def loss(self, policy_id: str, batch: SampleBatch) -> tuple[torch.Tensor, dict[str, Any]]:
+        """The TD loss of one replay minibatch and its results (``learner_stats``, ``td_error``)."""
         hp = self.hparams
         q_net, target_net = self.policies[policy_id], self.target_q[policy_id]
         q = q_net(batch[SampleBatch.OBS]).gather(-1, batch[SampleBatch.ACTIONS].long().unsqueeze(-1)).squeeze(-1)
@@ -115,18 +119,20 @@ class DQN(OffPolicyModule):
             target = batch[SampleBatch.REWARDS] + batch[SampleBatch.DISCOUNTS] * not_done * next_q
         td_error = q - target
         loss = (batch[SampleBatch.WEIGHTS] * huber_loss(td_error)).mean()
+        q = q.detach()
+        stats = {"loss": loss.detach(), "mean_q": q.mean(), "max_q": q.max(), "min_q": q.min(),
+                 "cur_epsilon": self.exploration_kwargs(policy_id)["epsilon"]}
+        return loss, {"learner_stats": stats, "td_error": td_error.detach()}
 
+    def update(self, policy_id: str, batch: SampleBatch) -> dict[str, Any]:
+        loss, results = self.loss(policy_id, batch)
         optimizer = self.policy_optimizer(policy_id)
         optimizer.zero_grad(set_to_none=True)
         self.manual_backward(loss)
-        if hp.grad_clip is not None:
-            self.clip_gradients(optimizer, hp.grad_clip, gradient_clip_algorithm="norm")
+        if self.hparams.grad_clip is not None:
+            self.clip_gradients(optimizer, self.hparams.grad_clip, gradient_clip_algorithm="norm")
         optimizer.step()
-        return {
-            "learner_stats": {"loss": loss.detach(), "mean_q": q.detach().mean(), "max_q": q.detach().max(),
-                              "min_q": q.detach().min(), "cur_epsilon": self.exploration_kwargs(policy_id)["epsilon"]},
-            "td_error": td_error.detach(),
-        }
+        return results
 
     def on_iteration_end(self, learner_info: dict[str, Any]) -> None:
         if self.target_update_due():

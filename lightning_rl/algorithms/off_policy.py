@@ -6,7 +6,7 @@ from typing import Any
 
 import pytorch_lightning as pl
 
-from lightning_rl.algorithms.base import RLModule, check_gamma, check_positive
+from lightning_rl.algorithms.base import RLModule, Schedule, check_gamma, check_positive, resolve_schedule
 from lightning_rl.batch import MultiAgentBatch, SampleBatch
 from lightning_rl.data.envs import EnvSpec
 from lightning_rl.data.replay import ReplayDataModule
@@ -34,6 +34,7 @@ class OffPolicyModule(RLModule):
         sampling_device: str,
         num_cpu_threads: int | None,
         lr: float,
+        lr_schedule: Schedule,
         gamma: float,
         buffer_size: int,
         learning_starts: int,
@@ -58,6 +59,7 @@ class OffPolicyModule(RLModule):
         if not 0.0 <= prioritized_replay_beta <= 1.0 or prioritized_replay_alpha < 0:
             raise ValueError("prioritized_replay_beta must be in [0, 1] and prioritized_replay_alpha >= 0, got "
                              f"{prioritized_replay_beta}, {prioritized_replay_alpha}")
+        self.lr_points = resolve_schedule("lr_schedule", lr_schedule, lr, total_env_steps)
         self._last_target_update = 0
 
     def build_datamodule(self) -> pl.LightningDataModule:
@@ -77,6 +79,8 @@ class OffPolicyModule(RLModule):
         raise NotImplementedError
 
     def learn_on_policy_batch(self, policy_id: str, batch: SampleBatch, builder: LearnerInfoBuilder) -> None:
+        optimizers = self.optimizers()
+        self.apply_lr_schedule(*(optimizers if isinstance(optimizers, list) else [optimizers]))
         size = self.hparams.train_batch_size
         for start in range(0, batch.count, size):
             builder.add_learn_on_batch_results(self.update(policy_id, batch.select(slice(start, start + size))),

@@ -4,41 +4,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from itertools import pairwise
 from typing import Any
 
 import pytorch_lightning as pl
 import torch
 from torch import Tensor
 
-from lightning_rl.algorithms.base import RLModule, check_gamma, check_positive
+from lightning_rl.algorithms.base import RLModule, Schedule, check_gamma, check_positive, resolve_schedule
 from lightning_rl.batch import DEFAULT_POLICY_ID, SampleBatch
 from lightning_rl.data.envs import EnvSpec
 from lightning_rl.data.rollout import RolloutDataModule
-from lightning_rl.functional import gae, piecewise_linear, standardized
+from lightning_rl.functional import gae, standardized
 from lightning_rl.learner_info import LEARNER_STATS_KEY, LearnerInfoBuilder
 from lightning_rl.nn.models import ActorCritic
-
-Schedule = str | Sequence[Sequence[float]] | None
-
-
-def resolve_schedule(
-    name: str, schedule: Schedule, initial: float, total_env_steps: int | None
-) -> list[tuple[float, float]] | None:
-    """``"constant"``/``None`` -> no schedule; ``"linear"`` -> ``initial`` down to 0 over
-    ``total_env_steps``; a list of ``[env_step, value]`` points -> piecewise linear."""
-    if schedule is None or schedule == "constant":
-        return None
-    if schedule == "linear":
-        if total_env_steps is None:
-            raise ValueError(f"{name}='linear' decays to 0 over total_env_steps, which is None")
-        return [(0.0, initial), (float(total_env_steps), 0.0)]
-    if isinstance(schedule, str):
-        raise ValueError(f"{name} must be 'constant', 'linear' or a list of [env_step, value], got {schedule!r}")
-    points = [(float(t), float(v)) for t, v in schedule]
-    if not points or any(b[0] <= a[0] for a, b in pairwise(points)):
-        raise ValueError(f"{name} points must be non-empty with increasing env steps, got {schedule!r}")
-    return points
 
 
 class OnPolicyModule(RLModule):
@@ -119,12 +97,6 @@ class OnPolicyModule(RLModule):
     def configure_optimizers(self) -> Any:
         return [self.make_optimizer(self.policies[pid].parameters()) for pid in self.policies_to_train]
 
-    def current(self, points: list[tuple[float, float]] | None, constant: float) -> float:
-        """Value of a schedule at the env steps sampled so far (global over ranks)."""
-        if points is None:
-            return constant
-        return piecewise_linear(points, self.global_counters["num_env_steps_sampled"])
-
     # ------------------------------------------------------------ post-processing
     @torch.no_grad()
     def postprocess_rollout(
@@ -155,9 +127,7 @@ class OnPolicyModule(RLModule):
         for field in self.hparams.standardize_fields:
             batch[field] = standardized(batch[field])
         optimizer = self.policy_optimizer(policy_id)
-        lr = self.current(self.lr_points, self.hparams.lr)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+        lr = self.apply_lr_schedule(optimizer)
         for _ in range(self.num_sgd_iter):
             order = torch.randperm(batch.count, generator=self.shuffle_generator).to(self.device)
             for rows in order.tensor_split(self.num_minibatches):

@@ -8,7 +8,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lightning_rl.algorithms.on_policy import OnPolicyModule, Schedule, resolve_schedule
+from lightning_rl.algorithms.base import Schedule, resolve_schedule
+from lightning_rl.algorithms.on_policy import OnPolicyModule
 from lightning_rl.batch import DEFAULT_POLICY_ID, SampleBatch
 from lightning_rl.data.envs import EnvSpec
 from lightning_rl.functional import explained_variance, ppo_surrogate_loss, value_loss

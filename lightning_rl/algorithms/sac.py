@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from lightning_rl.algorithms.base import Schedule
 from lightning_rl.algorithms.off_policy import OffPolicyModule
 from lightning_rl.batch import DEFAULT_POLICY_ID, SampleBatch
 from lightning_rl.data.envs import EnvSpec
@@ -49,6 +50,7 @@ class SAC(OffPolicyModule):
         sampling_device: str = "cpu",
         num_cpu_threads: int | None = 1,
         lr: float = 1e-3,
+        lr_schedule: Schedule = None,
         gamma: float = 0.99,
         buffer_size: int = 1_000_000,
         learning_starts: int = 100,
@@ -71,8 +73,9 @@ class SAC(OffPolicyModule):
         super().__init__(
             env=env, num_envs=num_envs, total_env_steps=total_env_steps, iterations_per_epoch=iterations_per_epoch,
             seed=seed, vectorization=vectorization, sampling_device=sampling_device, num_cpu_threads=num_cpu_threads,
-            lr=lr, gamma=gamma, buffer_size=buffer_size, learning_starts=learning_starts, train_freq=train_freq,
-            num_gradient_steps=num_gradient_steps, train_batch_size=train_batch_size, n_step=n_step,
+            lr=lr, lr_schedule=lr_schedule, gamma=gamma, buffer_size=buffer_size, learning_starts=learning_starts,
+            train_freq=train_freq, num_gradient_steps=num_gradient_steps, train_batch_size=train_batch_size,
+            n_step=n_step,
             prioritized_replay=prioritized_replay, prioritized_replay_alpha=prioritized_replay_alpha,
             prioritized_replay_beta=prioritized_replay_beta, prioritized_replay_eps=prioritized_replay_eps,
         )

@@ -1,0 +1,192 @@
+"""DQN, SAC and the replay DataModule: flags, the priority loop, target networks, bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from lightning_rl import DQN, SAC, MultiAgentBatch, ReplayDataModule, SampleBatch
+from tests.conftest import fit_iterations, quiet_trainer
+
+SMALL = dict(env="CartPole-v1", seed=0, learning_starts=64, train_freq=32, num_gradient_steps=4,
+             train_batch_size=32, buffer_size=1000, hiddens=(32,), total_env_steps=None, iterations_per_epoch=5)
+
+
+def dqn(**kwargs) -> DQN:
+    return DQN(**{**SMALL, **kwargs})
+
+
+def sampled_batch(model, iterations: int = 4) -> SampleBatch:
+    dm = model.build_datamodule()
+    dm.connect(model)
+    dm.setup("fit")
+    for _ in range(iterations):
+        batch = dm.sample()
+    return batch.policy_batches["default_policy"], dm
+
+
+def test_double_q_changes_the_targets():
+    batch, _ = sampled_batch(dqn())
+    a, b = dqn(double_q=True), dqn(double_q=False)
+    b.load_state_dict(a.state_dict())
+    for model in (a, b):  # a target network that disagrees with the online one
+        head = model.target_q["default_policy"].advantage_head
+        torch.nn.init.normal_(head.weight, generator=torch.Generator().manual_seed(1))
+    td_a = a.loss("default_policy", batch)[1]["td_error"]
+    td_b = b.loss("default_policy", batch)[1]["td_error"]
+    assert not torch.allclose(td_a, td_b)
+    # without double Q the bootstrap is max_a Q_target(s', a): the larger target, so a smaller td error
+    assert (td_b <= td_a + 1e-6).all()
+
+
+def test_dueling_adds_a_value_head():
+    plain, dueling = dqn(), dqn(dueling=True)
+    assert plain.policies["default_policy"].value_head is None
+    assert dueling.policies["default_policy"].value_head is not None
+    q = dueling.policies["default_policy"](torch.zeros(3, 4))
+    assert q.shape == (3, 2)
+
+
+def test_n_step_changes_sampled_targets():
+    one, _ = sampled_batch(dqn(n_step=1))
+    three, _ = sampled_batch(dqn(n_step=3))
+    assert one["discounts"].unique().tolist() == [pytest.approx(0.99)]
+    assert (three["discounts"] < 0.98).any() and three["rewards"].max() > 1.5
+
+
+def test_priorities_after_a_step_equal_td_error_for_exactly_the_sampled_rows():
+    model = dqn(prioritized_replay=True, prioritized_replay_alpha=0.7, prioritized_replay_eps=1e-3)
+    batch, dm = sampled_batch(model)
+    before = dm.buffer.priorities(np.arange(dm.buffer.capacity)).copy()
+    _, results = model.loss("default_policy", batch)
+
+    dm.update_priorities(MultiAgentBatch({"default_policy": batch}, 0), {"default_policy": results})
+    after = dm.buffer.priorities(np.arange(dm.buffer.capacity))
+    idx = batch["batch_indexes"].numpy()
+    expected = (np.abs(results["td_error"].numpy()) + 1e-3) ** 0.7
+    last = {i: e for i, e in zip(idx, expected)}  # a repeated index keeps its last td error
+    np.testing.assert_allclose(after[list(last)], list(last.values()), rtol=1e-5)
+    untouched = np.setdiff1d(np.arange(dm.buffer.capacity), idx)
+    np.testing.assert_array_equal(after[untouched], before[untouched])
+    assert np.allclose(batch["weights"].numpy(), 1.0)  # new rows all had the max priority
+    resampled = dm.sample().policy_batches["default_policy"]
+    assert not np.allclose(resampled["weights"].numpy(), 1.0)  # now importance weights are in play
+
+
+def test_uniform_replay_weights_are_one():
+    batch, _ = sampled_batch(dqn())
+    assert torch.equal(batch["weights"], torch.ones_like(batch["weights"]))
+
+
+def test_priority_loop_runs_inside_fit():
+    model = dqn(prioritized_replay=True)
+    seen = []
+
+    class Spy(ReplayDataModule):
+        def update_priorities(self, batch, learner_info):
+            if learner_info:  # empty before learning_starts
+                seen.append(len(learner_info["default_policy"]["td_error"]))
+            super().update_priorities(batch, learner_info)
+
+    hp = model.hparams
+    dm = Spy("CartPole-v1", learning_starts=64, train_freq=32, num_gradient_steps=4, train_batch_size=32,
+             buffer_size=1000, prioritized_replay=True, seed=0, iterations_per_epoch=4)
+    quiet_trainer(max_epochs=1).fit(model, datamodule=dm)
+    assert hp.prioritized_replay and seen[-1] == 4 * 32  # td errors of every gradient step, concatenated
+
+
+def test_learning_starts_uses_random_actions_and_no_updates():
+    model = dqn(learning_starts=10_000)
+    fit_iterations(model, 3)
+    assert model.counters["num_grad_updates"] == 0 and model.counters["num_env_steps_sampled"] == 96
+
+
+def test_num_gradient_steps_sets_updates_per_iteration():
+    model = dqn(learning_starts=32, num_gradient_steps=7)
+    fit_iterations(model, 4)
+    assert model.counters["num_grad_updates"] == 7 * 3  # iteration 1 only fills the buffer
+
+
+def test_hard_target_update_every_freq_env_steps():
+    model = dqn(target_network_update_freq=64, learning_starts=32)
+    fit_iterations(model, 4)  # 128 env steps
+    assert model.counters["num_target_updates"] == 2
+    for t, o in zip(model.target_q.parameters(), model.policies.parameters()):
+        assert torch.equal(t, o)  # the last update happened after the last gradient step
+
+
+def test_polyak_tau_moves_targets_part_way():
+    model = dqn(tau=0.1, target_network_update_freq=1, learning_starts=32)
+    before = [p.clone() for p in model.target_q.parameters()]
+    fit_iterations(model, 3)
+    moved = [not torch.equal(b, t) for b, t in zip(before, model.target_q.parameters())]
+    same = [torch.equal(t, o) for t, o in zip(model.target_q.parameters(), model.policies.parameters())]
+    assert all(moved) and not any(same)
+
+
+def test_epsilon_schedule():
+    model = dqn(epsilon_start=1.0, epsilon_end=0.1, epsilon_timesteps=100)
+    assert model.exploration_kwargs("default_policy")["epsilon"] == 1.0
+    model.counters["num_env_steps_sampled"] = 50
+    assert model.exploration_kwargs("default_policy")["epsilon"] == pytest.approx(0.55)
+    model.counters["num_env_steps_sampled"] = 1000
+    assert model.exploration_kwargs("default_policy")["epsilon"] == pytest.approx(0.1)
+    greedy = model.policies["default_policy"].compute_actions(torch.zeros(200, 4), epsilon=0.0)["actions"]
+    noisy = model.policies["default_policy"].compute_actions(torch.zeros(200, 4), epsilon=1.0)["actions"]
+    assert greedy.unique().numel() == 1 and noisy.unique().numel() == 2
+
+
+def test_dqn_lr_schedule():
+    model = dqn(lr=1e-3, lr_schedule=[[0, 1e-3], [64, 1e-4]], learning_starts=32)
+    fit_iterations(model, 3)
+    assert model.optimizers().param_groups[0]["lr"] == pytest.approx(1e-4)
+
+
+def sac(**kwargs) -> SAC:
+    return SAC(**{"seed": 0, "learning_starts": 64, "train_batch_size": 32, "hiddens": (32,),
+                  "total_env_steps": None, **kwargs})
+
+
+def test_sac_updates_actor_critic_alpha_and_targets():
+    model = sac()
+    alpha0 = model.log_alpha["default_policy"].item()
+    target0 = [p.clone() for p in model.target_critics.parameters()]
+    fit_iterations(model, 80)
+    assert model.counters["num_grad_updates"] == 80 - 63
+    assert model.log_alpha["default_policy"].item() != alpha0
+    assert all(not torch.equal(a, b) for a, b in zip(target0, model.target_critics.parameters()))
+
+
+def test_sac_actions_respect_any_bounds():
+    import gymnasium as gym
+
+    def wide():
+        return gym.wrappers.RescaleAction(gym.make("Pendulum-v1"), min_action=np.float32(-7.0),
+                                          max_action=np.float32(11.0))
+
+    model = sac(env=wide)
+    actions = model.compute_actions(np.zeros((500, 3), dtype=np.float32))
+    assert actions.min() >= -7.0 and actions.max() <= 11.0 and actions.max() - actions.min() > 5
+
+
+def test_sac_target_entropy_flag():
+    assert sac().target_entropy == -1.0
+    assert sac(target_entropy=-3.0).target_entropy == -3.0
+
+
+def test_dqn_rejects_continuous_actions():
+    with pytest.raises(ValueError, match=r"unsupported action space Box\(-2.0, 2.0, \(1,\), float32\).*Discrete"):
+        DQN(env="Pendulum-v1")
+
+
+def test_sac_rejects_discrete_actions():
+    with pytest.raises(ValueError, match=r"unsupported action space Discrete\(2\).*Box"):
+        SAC(env="CartPole-v1")
+
+
+def test_buffer_smaller_than_train_batch():
+    with pytest.raises(ValueError, match=r"buffer_size \(100\) is smaller than train_batch_size \(256\)"):
+        DQN(buffer_size=100, train_batch_size=256)
+    with pytest.raises(ValueError, match=r"buffer_size \(10\) is smaller than train_batch_size"):
+        ReplayDataModule("CartPole-v1", buffer_size=10, train_batch_size=32)
