@@ -21,7 +21,7 @@ import torch
 from pytorch_lightning.loggers import CSVLogger
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from lightning_rl import PPO
+from lightning_rl import DQN, PPO
 
 logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
 warnings.filterwarnings("ignore")
@@ -49,11 +49,17 @@ class Recorder(pl.Callback):
     def __init__(self) -> None:
         self.learner_stats: list[dict] = []
         self.first_obs = None
+        self.buffer_obs = None
+
+    def on_train_end(self, trainer, pl_module):
+        buffer = getattr(pl_module.active_datamodule, "buffer", None)
+        if buffer is not None:
+            self.buffer_obs = buffer._obs[:4].reshape(-1).tolist()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if self.first_obs is None:
+        if self.first_obs is None and "default_policy" in batch.policy_batches:
             self.first_obs = batch.policy_batches["default_policy"]["obs"][:4].tolist()
-        stats = outputs["learner_info"]["default_policy"]["learner_stats"]
+        stats = outputs["learner_info"].get("default_policy", {}).get("learner_stats", {})
         self.learner_stats.append({k: v for k, v in stats.items() if isinstance(v, float)})
 
 
@@ -64,6 +70,10 @@ def main(out: Path, mode: str) -> None:
         model = PPO(env="CartPole-v1", num_envs=4, rollout_fragment_length=32, num_sgd_iter=20,
                     sgd_minibatch_size=128, lr=1e-3, lr_schedule="linear", clip_param_schedule="linear",
                     gamma=0.98, lambda_=0.8, total_env_steps=100_000, **common)
+    elif mode == "dqn":
+        model = DQN(env="CartPole-v1", learning_starts=64, train_freq=32, num_gradient_steps=4, train_batch_size=32,
+                    buffer_size=2000, hiddens=(32,), prioritized_replay=True, total_env_steps=2 * 32 * 8,
+                    target_network_update_freq=64, **common)
     elif mode == "uneven":
         model = PPO(env=RankEnv, num_envs=2, rollout_fragment_length=8, sgd_minibatch_size=8,
                     total_env_steps=4 * 32, vectorization="sync", **common)
@@ -78,6 +88,7 @@ def main(out: Path, mode: str) -> None:
     trainer.fit(model)
     params = torch.cat([p.detach().flatten() for p in model.parameters()])
     (out / f"rank{trainer.global_rank}.json").write_text(json.dumps({
+        "buffer_obs": recorder.buffer_obs,
         "params": params.tolist(),
         "first_obs": recorder.first_obs,
         "counters": model.counters,

@@ -77,6 +77,15 @@ def test_episodes_on_one_rank_only_neither_hang_nor_log_nan(tmp_path):
     assert r0["params"] == r1["params"]
 
 
+def test_dqn_under_ddp_each_rank_its_own_buffer(tmp_path):
+    r0, r1, rows = run_ddp(tmp_path, "dqn", timeout=300)
+    assert r0["params"] == r1["params"]
+    assert r0["buffer_obs"] != r1["buffer_obs"]  # each rank filled its own buffer from its own envs
+    assert r0["global_counters"]["num_env_steps_sampled"] == 512
+    assert r0["counters"]["num_grad_updates"] == r1["counters"]["num_grad_updates"] == 4 * 7  # learning starts on the 2nd of 8 iterations
+    assert any(r.get("learner/default_policy/learner_stats/loss") for r in rows)
+
+
 @pytest.mark.slow
 def test_ddp_ppo_cartpole_learns_within_the_same_global_budget(tmp_path):
     r0, _, rows = run_ddp(tmp_path, "learn", timeout=1200)

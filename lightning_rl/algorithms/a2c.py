@@ -41,6 +41,8 @@ class A2C(OnPolicyModule):
         vectorization: str = "auto",
         sampling_device: str = "cpu",
         num_cpu_threads: int | None = 1,
+        evaluation_interval: int | None = None,
+        evaluation_num_episodes: int = 10,
         lr: float = 7e-4,
         lr_schedule: Schedule = None,
         gamma: float = 0.99,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
+import warnings
 from collections.abc import Sequence
 from itertools import pairwise
 from typing import Any
@@ -18,13 +19,17 @@ import numpy as np
 import pytorch_lightning as pl
 import torch
 from torch import Tensor, nn
+from torch.utils.data import DataLoader
 
 from lightning_rl.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
 from lightning_rl.data.envs import EnvSpec, env_spaces, resolve_vectorization
+from lightning_rl.evaluation import evaluate
 from lightning_rl.functional import piecewise_linear
 from lightning_rl.learner_info import LearnerInfoBuilder
 
 log = logging.getLogger(__name__)
+# Without evaluation_interval the val loader is deliberately empty.
+warnings.filterwarnings("ignore", message="Total length of `list` across ranks is zero")
 
 COUNTER_NAMES = (
     "num_env_steps_sampled",
@@ -92,6 +97,11 @@ class RLModule(pl.LightningModule):
         num_cpu_threads: torch intra-op threads during ``fit`` (restored afterwards). Small
             MLPs run fastest on one thread, and several threads spin badly on a busy machine
             (rl-zoo sets 1 too); ``None`` leaves torch's setting alone.
+
+    Algorithms also take ``evaluation_interval`` (epochs between evaluations; ``None`` =
+    no evaluation) and ``evaluation_num_episodes``: Lightning validation then plays that
+    many greedy episodes on separate envs and logs ``val/episode_return_mean``, which
+    ``ModelCheckpoint(monitor=...)`` and ``EarlyStopping`` can use.
     """
 
     def __init__(
@@ -264,6 +274,28 @@ class RLModule(pl.LightningModule):
         return {k: int(v) for k, v in zip(COUNTER_NAMES, total.tolist())}
 
     # ---------------------------------------------------------------- Lightning hooks
+    # ---------------------------------------------------------------- evaluation
+    def val_dataloader(self) -> Any:
+        """One evaluation request per validation run when ``evaluation_interval`` is set."""
+        if not self.hparams.get("evaluation_interval"):
+            return []
+        return DataLoader(range(1), batch_size=None)
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        """``evaluation_num_episodes`` greedy episodes on separate envs (per rank under DDP)."""
+        seed = self.hparams.get("seed")
+        returns = evaluate(
+            self,
+            self.hparams.env,
+            self.hparams.get("evaluation_num_episodes", 10),
+            seed=None if seed is None else seed + 100_000 + 1000 * self.global_rank,
+            vectorization=self.hparams.get("vectorization", "auto"),
+        )
+        sync = self.trainer.world_size > 1
+        self.log("val/episode_return_mean", float(np.mean(returns)), sync_dist=sync, batch_size=1, prog_bar=True)
+        self.log("val/episode_return_min", float(np.min(returns)), sync_dist=sync, reduce_fx="min", batch_size=1)
+        self.log("val/episode_return_max", float(np.max(returns)), sync_dist=sync, reduce_fx="max", batch_size=1)
+
     def on_fit_start(self) -> None:
         # Lightning turns "no limit given" into max_epochs=1000; with an env-step budget the
         # budget is the limit, so lift the epoch cap (a user's explicit max_epochs of 1000
@@ -282,6 +314,14 @@ class RLModule(pl.LightningModule):
 
     def configure_callbacks(self) -> list[pl.Callback]:
         from lightning_rl.callbacks import LearnerInfoCallback, RolloutMetricsCallback
+
+        interval = self.hparams.get("evaluation_interval")
+        if interval is not None and self._trainer is not None:
+            check_positive(evaluation_interval=interval, evaluation_num_episodes=self.hparams.evaluation_num_episodes)
+            # Evaluate every `interval` epochs. Set here, the first hook Lightning calls on the
+            # module, so that callbacks reading the cadence in their setup (EarlyStopping's
+            # check_on_train_epoch_end) see it.
+            self.trainer.check_val_every_n_epoch = interval
 
         present = {type(cb) for cb in self.trainer.callbacks} if self._trainer is not None else set()
         return [cb() for cb in (LearnerInfoCallback, RolloutMetricsCallback) if cb not in present]

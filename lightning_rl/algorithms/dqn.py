@@ -51,6 +51,8 @@ class DQN(OffPolicyModule):
         vectorization: str = "auto",
         sampling_device: str = "cpu",
         num_cpu_threads: int | None = 1,
+        evaluation_interval: int | None = None,
+        evaluation_num_episodes: int = 10,
         lr: float = 2.3e-3,
         lr_schedule: Schedule = None,
         gamma: float = 0.99,
