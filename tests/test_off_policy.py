@@ -41,7 +41,7 @@ def test_double_q_changes_the_targets():
 
 
 def test_dueling_adds_a_value_head():
-    plain, dueling = dqn(), dqn(dueling=True)
+    plain, dueling = dqn(dueling=False), dqn(dueling=True)
     assert plain.policies["default_policy"].value_head is None
     assert dueling.policies["default_policy"].value_head is not None
     q = dueling.policies["default_policy"](torch.zeros(3, 4))

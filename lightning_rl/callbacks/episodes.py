@@ -9,13 +9,17 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 
+from lightning_rl.callbacks.learner_info import should_log
+
 
 class RolloutMetricsCallback(pl.Callback):
     """Observes each policy batch's ``info`` and the module's counters.
 
     ``rollout/episode_return_mean`` is the mean over the last ``window`` episodes of every
     rank; counters are global (summed over ranks) and ``step`` (the loggers' x axis) is
-    the global count of env steps sampled.
+    the global count of env steps sampled. Episodes are collected every iteration; metrics
+    are logged at Lightning's ``log_every_n_steps`` cadence (timings averaged since the
+    last log).
     """
 
     def __init__(self, window: int = 100) -> None:
@@ -24,6 +28,8 @@ class RolloutMetricsCallback(pl.Callback):
         self.lengths: deque[int] = deque(maxlen=window)
         self._last_time: float | None = None
         self._last_steps = 0
+        # Sums since the last logged iteration (per-iteration averages are logged).
+        self._episodes, self._sample_s, self._learn_s, self._iterations = 0, 0.0, 0.0, 0
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._last_time = time.perf_counter()
@@ -50,6 +56,12 @@ class RolloutMetricsCallback(pl.Callback):
         returns = info.get("episode_returns", [])
         self.returns.extend(returns)
         self.lengths.extend(info.get("episode_lengths", []))
+        self._episodes += len(returns)
+        self._sample_s += info.get("sample_time_s", 0.0)
+        self._learn_s += outputs.get("learn_time_s", 0.0) if outputs else 0.0
+        self._iterations += 1
+        if not should_log(trainer, batch_idx):
+            return
         metrics: dict[str, float] = {}
         count, ret_sum, len_sum, ret_min, ret_max = self._episode_stats(pl_module)
         if count > 0:  # no finished episode yet: log nothing rather than NaN
@@ -57,7 +69,7 @@ class RolloutMetricsCallback(pl.Callback):
             metrics["rollout/episode_len_mean"] = len_sum / count
             metrics["rollout/episode_return_min"] = ret_min
             metrics["rollout/episode_return_max"] = ret_max
-        metrics["rollout/episodes_this_iter"] = float(len(returns))
+        metrics["rollout/episodes_this_iter"] = self._episodes / self._iterations
         counters = pl_module.global_counters
         for name, value in counters.items():
             metrics[f"counters/{name}"] = float(value)
@@ -65,11 +77,10 @@ class RolloutMetricsCallback(pl.Callback):
         steps = counters["num_env_steps_sampled"]
         if self._last_time is not None and now > self._last_time:
             metrics["perf/env_steps_per_s"] = (steps - self._last_steps) / (now - self._last_time)
+        metrics["perf/sample_time_ms"] = 1000.0 * self._sample_s / self._iterations
+        metrics["perf/learn_time_ms"] = 1000.0 * self._learn_s / self._iterations
         self._last_time, self._last_steps = now, steps
-        if "sample_time_s" in info:
-            metrics["perf/sample_time_ms"] = 1000.0 * info["sample_time_s"]
-        if outputs and "learn_time_s" in outputs:
-            metrics["perf/learn_time_ms"] = 1000.0 * outputs["learn_time_s"]
+        self._episodes, self._sample_s, self._learn_s, self._iterations = 0, 0.0, 0.0, 0
         pl_module.log_dict(metrics, batch_size=1)
         pl_module.log("step", float(steps), batch_size=1)  # loggers' x axis: global env steps
         if "rollout/episode_return_mean" in metrics:

@@ -19,6 +19,13 @@ def flatten_scalars(tree: Mapping[str, Any], prefix: str) -> Iterator[tuple[str,
             yield path, float(value)
 
 
+def should_log(trainer: pl.Trainer, batch_idx: int) -> bool:
+    """Log on the iterations Lightning writes to its loggers (every ``log_every_n_steps``) and
+    on the last of each epoch, for epoch-end monitors. ``self.log`` costs far more than an
+    iteration of small-batch RL, and on other iterations Lightning would discard the value."""
+    return trainer._logger_connector.should_update_logs or batch_idx + 1 >= trainer.num_training_batches
+
+
 def reduce_fx_for(path: str) -> str:
     """Across DDP ranks the builder's rules hold: ``min_*`` min, ``max_*`` max, else mean."""
     leaf = path.rsplit("/", 1)[-1]
@@ -30,12 +37,12 @@ def reduce_fx_for(path: str) -> str:
 
 
 class LearnerInfoCallback(pl.Callback):
-    """Observes the ``learner_info`` a training step returns and logs its scalars."""
+    """Observes the ``learner_info`` a training step returns and logs its scalars (see ``should_log``)."""
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if not outputs or "learner_info" not in outputs:
+        if not outputs or "learner_info" not in outputs or not should_log(trainer, batch_idx):
             return
         sync = trainer.world_size > 1
         for policy_id, info in outputs["learner_info"].items():

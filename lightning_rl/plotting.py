@@ -1,0 +1,331 @@
+"""Learning curves from training logs: episode return against env steps.
+
+Reads the metrics that training writes, from either logger Lightning ships:
+
+- ``CSVLogger``: ``metrics.csv`` (column ``step`` is the global env-step count);
+- ``TensorBoardLogger``: ``events.out.tfevents.*`` files (needs ``pip install tensorboard``).
+
+A *run* is one ``metrics.csv`` file, or one directory holding event files. Each log dir
+given may hold one run or several (e.g. ``runs/`` with ``seed0/version_0``,
+``seed1/version_0``, ...). The runs of one line are taken as seeds of the same
+experiment: their curves are interpolated onto a common env-step grid (where they all
+overlap) and drawn as the mean with a min–max (or ±std) band. With ``labels`` (one per
+log dir) each distinct label is its own line; log dirs sharing a label are pooled as seeds.
+
+Drawing needs matplotlib (``pip install matplotlib``, or the ``plot`` extra).
+
+``docs/learning_curve.png`` (PPO on CartPole-v1 with the rl-zoo settings, 3 seeds) was
+made with this script, ``train.py``::
+
+    import sys
+    import pytorch_lightning as pl
+    from pytorch_lightning.loggers import CSVLogger
+    from lightning_rl import PPO
+
+    seed = int(sys.argv[1])
+    model = PPO(env="CartPole-v1", num_envs=8, rollout_fragment_length=32, num_sgd_iter=20, sgd_minibatch_size=256,
+                lr=1e-3, lr_schedule="linear", clip_param_schedule="linear", gamma=0.98, lambda_=0.8,
+                total_env_steps=100_000, seed=seed)
+    trainer = pl.Trainer(logger=CSVLogger("/tmp/lc/runs", name=f"seed{seed}"), log_every_n_steps=1,
+                         enable_progress_bar=False, enable_checkpointing=False, accelerator="cpu")
+    trainer.fit(model)
+
+run for the three seeds, then drawn (mean and min–max band) with::
+
+    for s in 0 1 2; do python train.py $s & done; wait
+    python -m lightning_rl.plotting /tmp/lc/runs --out docs/learning_curve.png --labels PPO \\
+        --title "PPO on CartPole-v1 (rl-zoo settings)"
+
+(``lightning-rl plot`` takes the same arguments). All three seeds reach a return of 500
+by about 90k env steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import sys
+from collections.abc import Sequence
+from os import PathLike
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+DEFAULT_METRIC = "rollout/episode_return_mean"
+EVENT_GLOB = "events.out.tfevents.*"
+CSV_NAME = "metrics.csv"
+MAX_GRID_POINTS = 500
+
+Source = Literal["auto", "csv", "tensorboard"]
+Band = Literal["minmax", "std", "none"]
+PathLikeStr = str | PathLike[str]
+
+__all__ = ["DEFAULT_METRIC", "find_runs", "load_curve", "main", "plot_curves"]
+
+
+# ----------------------------------------------------------------------------- finding runs
+def find_runs(log_dir: PathLikeStr, source: Source = "auto") -> list[Path]:
+    """The runs under ``log_dir``, sorted: ``metrics.csv`` files and/or directories of event files.
+
+    ``log_dir`` may also be a ``metrics.csv`` or an event file itself. With ``source="auto"``
+    a directory holding both a ``metrics.csv`` and event files (a CSV and a TensorBoard
+    logger sharing a version dir) counts once, as its CSV; ``"csv"`` / ``"tensorboard"``
+    only look for that kind. Raises ``FileNotFoundError`` naming ``log_dir`` when it does
+    not exist or holds no log files.
+    """
+    if source not in ("auto", "csv", "tensorboard"):
+        raise ValueError(f"source must be 'auto', 'csv' or 'tensorboard', got {source!r}")
+    path = Path(log_dir)
+    if not path.exists():
+        raise FileNotFoundError(f"log dir {str(path)!r} does not exist")
+    if path.is_file():
+        if path.name == CSV_NAME and source != "tensorboard":
+            return [path]
+        if path.name.startswith("events.out.tfevents.") and source != "csv":
+            return [path]
+        raise FileNotFoundError(f"{str(path)!r} is not a {_kind(source)} log file")
+    csv_files = sorted(path.rglob(CSV_NAME)) if source != "tensorboard" else []
+    event_dirs = sorted({f.parent for f in path.rglob(EVENT_GLOB) if f.is_file()}) if source != "csv" else []
+    csv_dirs = {f.parent for f in csv_files}
+    runs = csv_files + [d for d in event_dirs if d not in csv_dirs]
+    if not runs:
+        raise FileNotFoundError(
+            f"no {_kind(source)} log files found under {str(path)!r} "
+            f"(looked for {CSV_NAME if source != 'tensorboard' else ''}"
+            f"{' and ' if source == 'auto' else ''}{EVENT_GLOB if source != 'csv' else ''})"
+        )
+    return sorted(runs)
+
+
+def _kind(source: Source) -> str:
+    return {"auto": "CSV or TensorBoard", "csv": "CSV", "tensorboard": "TensorBoard"}[source]
+
+
+# ----------------------------------------------------------------------------- reading one run
+def load_curve(
+    log_dir: PathLikeStr, metric: str = DEFAULT_METRIC, source: Source = "auto"
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(steps, values)`` of ``metric`` in the single run under ``log_dir``.
+
+    ``steps`` are the loggers' x axis (global env steps), increasing; where a step was
+    logged twice the last value wins; empty and NaN entries are dropped. ``log_dir`` is a
+    CSV logger dir (``metrics.csv`` anywhere under it), a TensorBoard dir (event files
+    anywhere under it) or one of those files. Raises ``FileNotFoundError`` when no log
+    file is found, ``ValueError`` when ``log_dir`` holds several runs (use
+    :func:`plot_curves`, which pools them, or point at one) or when ``metric`` was not
+    logged (the message lists the metrics that were), and ``ImportError`` when event
+    files need tensorboard and it is not installed.
+    """
+    runs = find_runs(log_dir, source)
+    if len(runs) > 1:
+        listed = "\n  ".join(str(r) for r in runs)
+        raise ValueError(f"{str(log_dir)!r} holds {len(runs)} runs; pass one of them:\n  {listed}")
+    return _read_run(runs[0], metric)
+
+
+def _read_run(run: Path, metric: str) -> tuple[np.ndarray, np.ndarray]:
+    if run.name == CSV_NAME:
+        pairs = _read_csv(run, metric)
+    else:
+        pairs = _read_tensorboard(run, metric)
+    by_step: dict[int, float] = {}
+    for step, value in pairs:
+        if not math.isnan(value):
+            by_step[step] = value  # the last value logged at a step wins
+    steps = np.array(sorted(by_step), dtype=np.int64)
+    values = np.array([by_step[s] for s in steps], dtype=np.float64)
+    return steps, values
+
+
+def _missing_metric(metric: str, where: Path, available: Sequence[str]) -> ValueError:
+    names = ", ".join(sorted(available)) or "(none)"
+    return ValueError(f"metric {metric!r} not found in {str(where)!r}; available metrics: {names}")
+
+
+def _read_csv(path: Path, metric: str) -> list[tuple[int, float]]:
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        fields = list(reader.fieldnames or [])
+        if "step" not in fields:
+            raise ValueError(f"{str(path)!r} has no 'step' column; columns: {', '.join(fields) or '(none)'}")
+        if metric not in fields:
+            raise _missing_metric(metric, path, [c for c in fields if c not in ("step", "epoch")])
+        pairs = []
+        for row in reader:
+            value, step = row.get(metric), row.get("step")
+            if value in (None, "") or step in (None, ""):
+                continue
+            pairs.append((int(float(step)), float(value)))
+    return pairs
+
+
+def _event_accumulator():
+    try:
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    except ImportError as err:
+        raise ImportError(
+            "reading TensorBoard event files needs tensorboard: pip install tensorboard "
+            "(or log with CSVLogger and point at its metrics.csv)"
+        ) from err
+    return EventAccumulator
+
+
+def _read_tensorboard(run: Path, metric: str) -> list[tuple[int, float]]:
+    accumulator_cls = _event_accumulator()
+    acc = accumulator_cls(str(run), size_guidance={"scalars": 0})  # 0 = keep every point
+    acc.Reload()
+    tags = acc.Tags().get("scalars", [])
+    if metric not in tags:
+        raise _missing_metric(metric, run, tags)
+    return [(int(e.step), float(e.value)) for e in acc.Scalars(metric)]
+
+
+# ----------------------------------------------------------------------------- pooling seeds
+def _common_grid(curves: Sequence[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+    """Env steps where every curve is defined: the union of their steps within the overlap."""
+    lo = max(int(s[0]) for s, _ in curves)
+    hi = min(int(s[-1]) for s, _ in curves)
+    if lo > hi:
+        return np.empty(0, dtype=np.int64)
+    grid = np.unique(np.concatenate([s[(s >= lo) & (s <= hi)] for s, _ in curves]))
+    if len(grid) > MAX_GRID_POINTS:
+        grid = np.linspace(lo, hi, MAX_GRID_POINTS)
+    return grid
+
+
+def _pool(curves: Sequence[tuple[np.ndarray, np.ndarray]], label: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(grid, values [num_runs, len(grid)])`` of several seeds interpolated onto one grid."""
+    grid = _common_grid(curves)
+    if len(grid) == 0:
+        spans = ", ".join(f"[{s[0]}, {s[-1]}]" for s, _ in curves)
+        raise ValueError(f"the runs of {label!r} share no env-step range (their spans: {spans})")
+    return grid, np.stack([np.interp(grid, s, v) for s, v in curves])
+
+
+# ----------------------------------------------------------------------------- drawing
+def plot_curves(
+    log_dirs: PathLikeStr | Sequence[PathLikeStr],
+    out: PathLikeStr,
+    metric: str = DEFAULT_METRIC,
+    labels: Sequence[str] | None = None,
+    title: str | None = None,
+    band: Band = "minmax",
+    source: Source = "auto",
+) -> Path:
+    """Draw ``metric`` against env steps from ``log_dirs`` into the image ``out`` (PNG); returns its path.
+
+    Without ``labels`` every run found under ``log_dirs`` is a seed of one line. With
+    ``labels`` (one per log dir) each distinct label is one line, pooling the runs under
+    the log dirs that carry it. A line of several runs is their mean on a common env-step
+    grid with a ``band`` of ``"minmax"`` (default), ``"std"`` (mean ± one std) or
+    ``"none"``; a line of one run is that run. Errors as in :func:`load_curve`.
+    """
+    if isinstance(log_dirs, str | PathLike):
+        log_dirs = [log_dirs]
+    log_dirs = list(log_dirs)
+    if not log_dirs:
+        raise ValueError("plot_curves needs at least one log dir")
+    if band not in ("minmax", "std", "none"):
+        raise ValueError(f"band must be 'minmax', 'std' or 'none', got {band!r}")
+    if labels is not None and len(labels) != len(log_dirs):
+        raise ValueError(f"got {len(labels)} labels for {len(log_dirs)} log dirs; give one label per log dir")
+    figure_cls, canvas_cls, ticker = _matplotlib()
+
+    groups: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
+    for i, log_dir in enumerate(log_dirs):
+        label = labels[i] if labels is not None else ""
+        for run in find_runs(log_dir, source):
+            steps, values = _read_run(run, metric)
+            if len(steps) == 0:
+                raise ValueError(f"metric {metric!r} has no values in {str(run)!r}")
+            groups.setdefault(label, []).append((steps, values))
+
+    fig = figure_cls(figsize=(7.0, 4.2), dpi=100)
+    canvas_cls(fig)
+    ax = fig.add_subplot()
+    band_labelled = False
+    for label, curves in groups.items():
+        n = len(curves)
+        if n == 1:
+            steps, values = curves[0]
+            ax.plot(steps, values, linewidth=1.6, label=label or None)
+            continue
+        name = f"{label} (mean of {n} runs)" if label else f"mean of {n} runs"
+        grid, stacked = _pool(curves, label or "the runs")
+        mean = stacked.mean(axis=0)
+        (line,) = ax.plot(grid, mean, linewidth=1.8, label=name)
+        if band == "none":
+            continue
+        if band == "minmax":
+            low, high = stacked.min(axis=0), stacked.max(axis=0)
+        else:
+            std = stacked.std(axis=0)
+            low, high = mean - std, mean + std
+        band_name = None if band_labelled else ("min–max" if band == "minmax" else "± std")
+        ax.fill_between(grid, low, high, color=line.get_color(), alpha=0.2, linewidth=0, label=band_name)
+        band_labelled = True
+    ax.xaxis.set_major_formatter(ticker.EngFormatter())  # 100 k rather than 100000
+    ax.set_xlabel("env steps")
+    ax.set_ylabel(metric)
+    ax.set_title(title if title is not None else metric)
+    ax.grid(True, alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="best")
+    fig.tight_layout()
+
+    out_path = Path(out)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_path, format=None if out_path.suffix else "png")
+    return out_path
+
+
+def _matplotlib():
+    try:
+        from matplotlib import ticker
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as err:
+        raise ImportError(
+            "plotting needs matplotlib: pip install matplotlib (or pip install 'lightning-rl[plot]')"
+        ) from err
+    return Figure, FigureCanvasAgg, ticker
+
+
+# ----------------------------------------------------------------------------- command line
+def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The ``plot`` subcommand's arguments (for wiring into a CLI's subparsers)."""
+    parser.add_argument("log_dir", nargs="+", help="CSV or TensorBoard log dirs (runs under one line are seeds)")
+    parser.add_argument("--out", default="curve.png", help="image to write (default: curve.png)")
+    parser.add_argument("--metric", default=DEFAULT_METRIC, help=f"metric to draw (default: {DEFAULT_METRIC})")
+    parser.add_argument("--labels", nargs="+", default=None,
+                        help="one label per log dir; each distinct label is its own line")
+    parser.add_argument("--title", default=None, help="plot title (default: the metric)")
+    parser.add_argument("--band", choices=("minmax", "std", "none"), default="minmax",
+                        help="band around the mean of several runs (default: minmax)")
+    parser.add_argument("--source", choices=("auto", "csv", "tensorboard"), default="auto",
+                        help="which logs to read when a dir holds both (default: auto = CSV first)")
+    return parser
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    """Run the parsed ``plot`` arguments; prints where the image was written. Returns an exit code."""
+    try:
+        out = plot_curves(args.log_dir, args.out, metric=args.metric, labels=args.labels, title=args.title,
+                          band=args.band, source=args.source)
+    except (FileNotFoundError, ValueError, ImportError) as err:
+        print(f"lightning-rl plot: error: {err}", file=sys.stderr)
+        return 1
+    print(f"wrote {out}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``lightning-rl plot <log_dir>... --out curve.png [--metric M] [--labels ...]`` (argv without ``plot``)."""
+    parser = add_arguments(argparse.ArgumentParser(prog="lightning-rl plot", description=__doc__.split("\n")[0]))
+    return run_from_args(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,282 @@
+"""Watch a trained agent: greedy episodes rendered into an animated GIF, and checkpoint loading.
+
+``record(model, "agent.gif")`` plays ``num_episodes`` greedy episodes on one env made with
+``render_mode="rgb_array"`` and writes its frames as a GIF with Pillow (``pip install
+pillow``; classic-control envs such as CartPole and Pendulum render with pygame: ``pip
+install pygame``, both in the ``plot`` extra). ``load_model(ckpt_path)`` gets the algorithm
+back from a Lightning checkpoint without being told its class.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import sys
+import warnings
+from os import PathLike
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from lightning_rl.algorithms.base import RLModule
+from lightning_rl.data.envs import EnvSpec
+
+__all__ = ["algorithm_classes", "load_model", "main", "make_render_env", "record"]
+
+PathLikeStr = str | PathLike[str]
+
+
+# ----------------------------------------------------------------------------- envs
+def make_render_env(env: EnvSpec) -> gym.Env:
+    """One env that renders ``rgb_array`` frames, from a registered id or a zero-argument callable.
+
+    An id is made with ``gymnasium.make(id, render_mode="rgb_array")``; a callable must
+    itself return an env whose ``render_mode`` is ``"rgb_array"`` (e.g. ``lambda:
+    gym.make("CartPole-v1", render_mode="rgb_array")``), else ``ValueError``.
+    """
+    if isinstance(env, str):
+        try:
+            gym.spec(env)
+        except gym.error.Error as err:
+            raise ValueError(f"unknown env id {env!r}: {err}") from None
+        with warnings.catch_warnings():  # gymnasium only warns on an unsupported render mode
+            warnings.simplefilter("ignore")
+            made = gym.make(env, render_mode="rgb_array")
+        modes = list(made.metadata.get("render_modes") or [])
+        if "rgb_array" not in modes:
+            made.close()
+            raise ValueError(f"env {env!r} cannot render rgb_array frames (its render modes: {modes})")
+        return made
+    if callable(env):
+        made = env()
+        if not isinstance(made, gym.Env):
+            raise TypeError(f"env factory {env!r} returned {type(made).__name__}, not a gymnasium.Env")
+        if made.render_mode != "rgb_array":
+            mode = made.render_mode
+            made.close()
+            raise ValueError(
+                f"recording needs frames, but env factory {env!r} made an env with render_mode={mode!r}; "
+                "make it with render_mode='rgb_array', e.g. lambda: gym.make(ID, render_mode='rgb_array')"
+            )
+        return made
+    raise TypeError(f"env must be a registered env id or a callable returning a gymnasium.Env, got {env!r}")
+
+
+# ----------------------------------------------------------------------------- recording
+def _frame(env: gym.Env) -> np.ndarray:
+    frame = env.render()
+    if not isinstance(frame, np.ndarray) or frame.ndim != 3 or frame.shape[-1] not in (3, 4):
+        raise ValueError(
+            f"{env} rendered {type(frame).__name__} "
+            f"{getattr(frame, 'shape', '')}, not an RGB frame [height, width, 3]"
+        )
+    return np.ascontiguousarray(frame[..., :3], dtype=np.uint8)
+
+
+def _save_gif(frames: list[np.ndarray], out: Path, fps: float) -> None:
+    try:
+        from PIL import Image
+    except ImportError as err:
+        raise ImportError(
+            "writing GIFs needs Pillow: pip install pillow (or pip install 'lightning-rl[plot]')"
+        ) from err
+    images = [Image.fromarray(f) for f in frames]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    images[0].save(
+        out, format="GIF", save_all=True, append_images=images[1:], duration=max(1, round(1000 / fps)), loop=0
+    )
+
+
+@torch.no_grad()
+def record(
+    model: RLModule,
+    out: PathLikeStr,
+    num_episodes: int = 3,
+    env: EnvSpec | None = None,
+    seed: int | None = None,
+    fps: float = 30,
+    max_frames: int = 2000,
+    policy_id: str | None = None,
+) -> list[float]:
+    """Play ``num_episodes`` greedy episodes and write their frames to the animated GIF ``out``.
+
+    ``env`` defaults to the model's own (``model.hparams.env``); see :func:`make_render_env`.
+    ``seed`` seeds the first reset (the later episodes follow from it). Actions are
+    ``model.compute_actions(obs[None], explore=False)[0]``, clipped to the bounds of a
+    ``Box`` action space. The GIF holds at most ``max_frames`` frames (the reset frame of
+    each episode and one per step): once that many were taken recording stops, with a
+    warning, and the unfinished episode is left out of the returns. Returns the returns of
+    the episodes played to the end.
+    """
+    if num_episodes < 1:
+        raise ValueError(f"num_episodes must be >= 1, got {num_episodes}")
+    if max_frames < 2:
+        raise ValueError(f"max_frames must be >= 2, got {max_frames}")
+    if not fps > 0:
+        raise ValueError(f"fps must be positive, got {fps}")
+    out = Path(out)
+    spec = env if env is not None else model.hparams.env
+    policy_kwargs = {} if policy_id is None else {"policy_id": policy_id}
+    render_env = make_render_env(spec)
+    frames: list[np.ndarray] = []
+    returns: list[float] = []
+    try:
+        model.check_spaces(render_env.observation_space, render_env.action_space)
+        space = render_env.action_space
+        truncated_gif = False
+        for episode in range(num_episodes):
+            obs, _ = render_env.reset(seed=seed if episode == 0 else None)
+            frames.append(_frame(render_env))
+            episode_return, done = 0.0, False
+            while not done:
+                if len(frames) >= max_frames:
+                    truncated_gif = True
+                    break
+                action = model.compute_actions(np.asarray(obs)[None], explore=False, **policy_kwargs)[0]
+                if isinstance(space, gym.spaces.Box):
+                    action = np.clip(action, space.low, space.high).astype(space.dtype)
+                obs, reward, terminated, truncated, _ = render_env.step(action)
+                episode_return += float(reward)
+                done = bool(terminated or truncated)
+                frames.append(_frame(render_env))
+            if truncated_gif:
+                break
+            returns.append(episode_return)
+    finally:
+        render_env.close()
+    if truncated_gif:
+        warnings.warn(
+            f"stopped recording at max_frames={max_frames} after {len(returns)} of {num_episodes} episodes",
+            stacklevel=2,
+        )
+    _save_gif(frames, out, fps)
+    return returns
+
+
+# ----------------------------------------------------------------------------- checkpoints
+def algorithm_classes() -> dict[str, type[RLModule]]:
+    """The algorithms exported by ``lightning_rl`` (``PPO``, ``A2C``, ``DQN``, ``SAC``, ...) by name."""
+    import lightning_rl
+
+    found = {}
+    for name in lightning_rl.__all__:
+        obj = getattr(lightning_rl, name, None)
+        if inspect.isclass(obj) and issubclass(obj, RLModule) and obj is not RLModule:
+            found[obj.__name__] = obj
+    return found
+
+
+def _init_params(cls: type) -> set[str]:
+    params = inspect.signature(cls.__init__).parameters.values()
+    return {p.name for p in params if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+
+
+def _guess_class(hparams: dict[str, Any], ckpt: Path, classes: dict[str, type[RLModule]]) -> type[RLModule]:
+    """The class whose ``__init__`` takes every saved hyperparameter with the fewest left over."""
+    saved = set(hparams)
+    scored = []
+    for name, cls in classes.items():
+        params = _init_params(cls)
+        scored.append((len(saved - params), len(params - saved), name, cls))
+    scored.sort(key=lambda t: (t[0], t[1]))
+    if not scored or scored[0][0] > 0:
+        raise ValueError(
+            f"no lightning_rl algorithm takes all the hyperparameters saved in {str(ckpt)!r} "
+            f"({', '.join(sorted(saved))}); pass algo= (one of {', '.join(classes)})"
+        )
+    if len(scored) > 1 and scored[1][:2] == scored[0][:2]:
+        tied = [s[2] for s in scored if s[:2] == scored[0][:2]]
+        raise ValueError(f"the checkpoint {str(ckpt)!r} fits {' and '.join(tied)} equally well; pass algo=")
+    return scored[0][3]
+
+
+def load_model(ckpt_path: PathLikeStr, algo: str | type[RLModule] | None = None) -> RLModule:
+    """Load a lightning_rl algorithm from a Lightning checkpoint (``trainer.save_checkpoint`` or
+    ``ModelCheckpoint``), on the CPU.
+
+    ``algo`` names the class (``"PPO"``, case-insensitive) or is the class itself; without it
+    the class is the exported algorithm whose ``__init__`` parameters take every saved
+    hyperparameter with the fewest left over. Raises ``FileNotFoundError`` for a missing
+    file and ``ValueError`` for a file that is not a lightning_rl checkpoint (both name it).
+    """
+    path = Path(ckpt_path)
+    if not path.is_file():
+        what = "is a directory, not a file" if path.is_dir() else "does not exist"
+        raise FileNotFoundError(f"checkpoint {str(path)!r} {what}")
+    classes = algorithm_classes()
+    if algo is not None and not isinstance(algo, str):
+        if not (inspect.isclass(algo) and issubclass(algo, RLModule)):
+            raise TypeError(f"algo must be an algorithm name or an RLModule subclass, got {algo!r}")
+        cls: type[RLModule] | None = algo
+    elif algo is not None:
+        by_lower = {name.lower(): c for name, c in classes.items()}
+        cls = by_lower.get(algo.lower())
+        if cls is None:
+            raise ValueError(f"unknown algo {algo!r}; choose one of {', '.join(classes)}")
+    else:
+        cls = None
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as err:  # any unreadable file is "not a checkpoint"
+        raise ValueError(f"{str(path)!r} is not a Lightning checkpoint: torch.load failed ({err})") from None
+    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
+        raise ValueError(f"{str(path)!r} is not a Lightning checkpoint (no 'state_dict' in it)")
+    if cls is None:
+        hparams = checkpoint.get("hyper_parameters")
+        if not isinstance(hparams, dict) or "lightning_rl" not in checkpoint:
+            raise ValueError(
+                f"{str(path)!r} is not a lightning_rl checkpoint (no saved hyperparameters or lightning_rl state); "
+                "pass algo= if it is one"
+            )
+        cls = _guess_class(hparams, path, classes)
+    del checkpoint
+    model = cls.load_from_checkpoint(path, map_location="cpu")
+    model.eval()
+    return model
+
+
+# ----------------------------------------------------------------------------- command line
+def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The ``record`` subcommand's arguments (for wiring into a CLI's subparsers)."""
+    parser.add_argument("--ckpt_path", "--ckpt-path", dest="ckpt_path", required=True,
+                        help="Lightning checkpoint of a lightning_rl algorithm")
+    parser.add_argument("--out", default="agent.gif", help="GIF to write (default: agent.gif)")
+    parser.add_argument("--algo", default=None, help="algorithm class (PPO, A2C, DQN, SAC); default: inferred")
+    parser.add_argument("--num-episodes", "--num_episodes", dest="num_episodes", type=int, default=3,
+                        help="greedy episodes to play (default: 3)")
+    parser.add_argument("--env", default=None, help="registered env id to play on (default: the model's env)")
+    parser.add_argument("--seed", type=int, default=None, help="seed of the first reset")
+    parser.add_argument("--fps", type=float, default=30, help="GIF frames per second (default: 30)")
+    parser.add_argument("--max-frames", "--max_frames", dest="max_frames", type=int, default=2000,
+                        help="at most this many frames in the GIF (default: 2000)")
+    return parser
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    """Run the parsed ``record`` arguments; prints where the GIF was written. Returns an exit code."""
+    try:
+        model = load_model(args.ckpt_path, algo=args.algo)
+        returns = record(model, args.out, num_episodes=args.num_episodes, env=args.env, seed=args.seed,
+                         fps=args.fps, max_frames=args.max_frames)
+    except (FileNotFoundError, ValueError, TypeError, ImportError) as err:
+        print(f"lightning-rl record: error: {err}", file=sys.stderr)
+        return 1
+    shown = ", ".join(f"{r:.1f}" for r in returns) or "none finished"
+    print(f"wrote {args.out} ({type(model).__name__}, episode returns: {shown})")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``lightning-rl record --ckpt_path ... --out agent.gif [--algo PPO] [--num-episodes N]``.
+
+    ``argv`` comes without the ``record`` word; returns the exit code.
+    """
+    parser = add_arguments(argparse.ArgumentParser(prog="lightning-rl record", description=__doc__.split("\n")[0]))
+    return run_from_args(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,230 @@
+"""Learning-curve plots from real CSV / TensorBoard logs, and GIFs of agents loaded from checkpoints."""
+
+from __future__ import annotations
+
+import shutil
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from pytorch_lightning.loggers import CSVLogger, TensorBoardLogger
+
+from lightning_rl import A2C, PPO, plotting, recording
+from lightning_rl.plotting import find_runs, load_curve, plot_curves
+from lightning_rl.recording import load_model, record
+from tests.conftest import quiet_trainer
+
+RETURN = "rollout/episode_return_mean"
+PG_LOSS = "learner/default_policy/learner_stats/pg_loss"
+ITERATIONS = 8
+BATCH = 4 * 64
+
+
+def _needs(*modules: str) -> None:
+    for name in modules:
+        pytest.importorskip(name)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Two seeds of a short PPO CartPole run, each logged to CSV and TensorBoard; seed 0 checkpointed."""
+    root = tmp_path_factory.mktemp("runs")
+    for seed in (0, 1):
+        model = PPO(env="CartPole-v1", num_envs=4, rollout_fragment_length=64, seed=seed,
+                    total_env_steps=BATCH * ITERATIONS)
+        loggers = [CSVLogger(root / "csv", name=f"seed{seed}"), TensorBoardLogger(root / "tb", name=f"seed{seed}")]
+        trainer = quiet_trainer(logger=loggers, log_every_n_steps=1)
+        trainer.fit(model)
+        if seed == 0:
+            trainer.save_checkpoint(root / "ppo_cartpole.ckpt")
+    return root
+
+
+def _check_png(path, min_colours: int = 20) -> None:
+    from PIL import Image
+
+    with Image.open(path) as im:
+        assert im.format == "PNG"
+        assert im.size[0] > 100 and im.size[1] > 100
+        colours = im.convert("RGB").getcolors(maxcolors=1 << 24)
+        assert len(colours) > min_colours, f"{path} looks blank ({len(colours)} colours)"
+
+
+# ----------------------------------------------------------------------------- reading logs
+def test_load_curve_csv_and_tensorboard_agree(runs):
+    csv_steps, csv_values = load_curve(runs / "csv" / "seed0")
+    tb_steps, tb_values = load_curve(runs / "tb" / "seed0")
+    assert len(csv_steps) >= ITERATIONS - 2  # the first iterations may have no finished episode yet
+    assert csv_steps[-1] == BATCH * ITERATIONS  # x axis: env steps
+    assert set(csv_steps.tolist()) <= {BATCH * i for i in range(1, ITERATIONS + 1)}
+    np.testing.assert_array_equal(csv_steps, tb_steps)
+    np.testing.assert_allclose(csv_values, tb_values, rtol=1e-5)  # TensorBoard stores float32
+    assert np.all((csv_values >= 8) & (csv_values <= 500))
+    steps, pg_loss = load_curve(runs / "csv" / "seed0" / "version_0" / "metrics.csv", PG_LOSS)
+    assert len(steps) == ITERATIONS and np.isfinite(pg_loss).all()
+
+
+def test_a_dir_with_both_loggers_prefers_csv_unless_told(runs, tmp_path):
+    both = tmp_path / "both"
+    shutil.copytree(runs / "csv" / "seed0" / "version_0", both)
+    for f in (runs / "tb" / "seed0" / "version_0").glob("events.out.tfevents.*"):
+        shutil.copy(f, both)
+    assert find_runs(both) == [both / "metrics.csv"]
+    assert find_runs(both, source="tensorboard") == [both]
+    np.testing.assert_allclose(load_curve(both, source="tensorboard")[1], load_curve(both)[1], rtol=1e-5)
+
+
+def test_several_runs_under_one_dir_are_listed(runs):
+    assert len(find_runs(runs / "csv")) == 2
+    assert len(find_runs(runs)) == 4  # csv/seed0, csv/seed1, tb/seed0, tb/seed1
+    with pytest.raises(ValueError, match="holds 2 runs"):
+        load_curve(runs / "csv")
+
+
+def test_no_logs_names_the_dir(tmp_path):
+    empty = tmp_path / "nothing_here"
+    empty.mkdir()
+    with pytest.raises(FileNotFoundError, match="nothing_here"):
+        load_curve(empty)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_curve(tmp_path / "missing")
+    _needs("matplotlib")
+    with pytest.raises(FileNotFoundError, match="nothing_here"):
+        plot_curves([empty], tmp_path / "x.png")
+
+
+@pytest.mark.parametrize("kind", ["csv", "tb"])
+def test_missing_metric_names_it_and_lists_the_available_ones(runs, kind):
+    with pytest.raises(ValueError, match="no/such_metric") as err:
+        load_curve(runs / kind / "seed0", metric="no/such_metric")
+    assert RETURN in str(err.value) and PG_LOSS in str(err.value)
+
+
+# ----------------------------------------------------------------------------- plotting
+@pytest.mark.parametrize("kind", ["csv", "tb"])
+def test_plot_two_seeds_as_mean_and_band(runs, tmp_path, kind):
+    _needs("matplotlib", "PIL")
+    out = plot_curves([runs / kind / "seed0", runs / kind / "seed1"], tmp_path / "plots" / "curve.png")
+    assert out == tmp_path / "plots" / "curve.png"
+    _check_png(out)
+
+
+def test_plot_labels_are_lines_and_bands(runs, tmp_path):
+    _needs("matplotlib", "PIL")
+    # Two labelled lines (the csv seeds vs the tb seeds), std band; and one unlabelled single run.
+    out = plot_curves([runs / "csv", runs / "tb"], tmp_path / "two.png", labels=["csv", "tensorboard"], band="std",
+                      title="two lines")
+    _check_png(out)
+    _check_png(plot_curves(runs / "csv" / "seed1", tmp_path / "one.png", metric=PG_LOSS, band="none"))
+    with pytest.raises(ValueError, match="one label per log dir"):
+        plot_curves([runs / "csv"], tmp_path / "bad.png", labels=["a", "b"])
+    with pytest.raises(ValueError, match="no/such_metric"):
+        plot_curves([runs / "csv"], tmp_path / "bad.png", metric="no/such_metric")
+
+
+def test_plot_command_line(runs, tmp_path, capsys):
+    _needs("matplotlib", "PIL")
+    out = tmp_path / "cli.png"
+    assert plotting.main([str(runs / "csv" / "seed0"), str(runs / "csv" / "seed1"), "--out", str(out)]) == 0
+    assert str(out) in capsys.readouterr().out
+    _check_png(out)
+    assert plotting.main([str(tmp_path / "missing"), "--out", str(out)]) == 1
+    assert "missing" in capsys.readouterr().err
+    assert plotting.main([str(runs / "csv"), "--metric", "nope", "--out", str(out)]) == 1
+    assert RETURN in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- checkpoints
+def test_load_model_infers_the_class(runs, tmp_path):
+    model = load_model(runs / "ppo_cartpole.ckpt")
+    assert type(model) is PPO and model.counters["num_env_steps_sampled"] == BATCH * ITERATIONS
+    assert type(load_model(runs / "ppo_cartpole.ckpt", algo="ppo")) is PPO
+
+    a2c = A2C(env="CartPole-v1", num_envs=2, rollout_fragment_length=8, seed=0, total_env_steps=16)
+    trainer = quiet_trainer()
+    trainer.fit(a2c)
+    trainer.save_checkpoint(tmp_path / "a2c.ckpt")
+    loaded = load_model(tmp_path / "a2c.ckpt")
+    assert type(loaded) is A2C
+    obs = np.zeros((3, 4), dtype=np.float32)
+    np.testing.assert_array_equal(loaded.compute_actions(obs, explore=False), a2c.compute_actions(obs, explore=False))
+
+
+def test_load_model_errors_name_the_file(runs, tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"nope\.ckpt"):
+        load_model(tmp_path / "nope.ckpt")
+    garbage = tmp_path / "garbage.ckpt"
+    garbage.write_bytes(b"not a checkpoint at all")
+    with pytest.raises(ValueError, match=r"garbage\.ckpt"):
+        load_model(garbage)
+    plain = tmp_path / "plain.pt"
+    torch.save({"weights": torch.zeros(3)}, plain)
+    with pytest.raises(ValueError, match=r"plain\.pt"):
+        load_model(plain)
+    with pytest.raises(ValueError, match="unknown algo 'TRPO'"):
+        load_model(runs / "ppo_cartpole.ckpt", algo="TRPO")
+    assert recording.main(["--ckpt_path", str(tmp_path / "nope.ckpt")]) == 1
+
+
+# ----------------------------------------------------------------------------- recording
+def _gif(path):
+    from PIL import Image
+
+    im = Image.open(path)
+    assert im.format == "GIF"
+    return im
+
+
+def test_record_cartpole_gif_from_checkpoint(runs, tmp_path, capsys):
+    _needs("PIL", "pygame")
+    model = load_model(runs / "ppo_cartpole.ckpt")
+    returns = record(model, tmp_path / "cartpole.gif", num_episodes=2, seed=0)
+    assert len(returns) == 2 and all(r >= 8 for r in returns)
+    with _gif(tmp_path / "cartpole.gif") as im:
+        assert im.n_frames > 10 and im.size == (600, 400)
+        assert im.n_frames <= sum(returns) + 2  # a reset frame per episode plus one per step
+    # greedy and seeded: the same returns again
+    assert record(model, tmp_path / "again.gif", num_episodes=2, seed=0) == returns
+
+    out = tmp_path / "cli" / "agent.gif"
+    code = recording.main(["--ckpt_path", str(runs / "ppo_cartpole.ckpt"), "--out", str(out), "--algo", "PPO",
+                           "--num-episodes", "1", "--seed", "1"])
+    assert code == 0 and str(out) in capsys.readouterr().out
+    with _gif(out) as im:
+        assert im.n_frames > 10
+
+
+def test_record_pendulum_continuous_actions(tmp_path):
+    _needs("PIL", "pygame")
+    model = PPO(env="Pendulum-v1", num_envs=2, rollout_fragment_length=64, seed=0, total_env_steps=128)
+    trainer = quiet_trainer()
+    trainer.fit(model)
+    trainer.save_checkpoint(tmp_path / "pendulum.ckpt")
+    loaded = load_model(tmp_path / "pendulum.ckpt")
+    assert type(loaded) is PPO and isinstance(loaded.action_space, gym.spaces.Box)
+    returns = record(loaded, tmp_path / "pendulum.gif", num_episodes=1, seed=0, fps=50)
+    assert len(returns) == 1 and -2000 < returns[0] <= 0
+    with _gif(tmp_path / "pendulum.gif") as im:
+        assert im.n_frames > 10 and im.size == (500, 500)
+
+
+def test_record_max_frames_and_env_factories(runs, tmp_path):
+    _needs("PIL", "pygame")
+    model = load_model(runs / "ppo_cartpole.ckpt")
+    with pytest.warns(UserWarning, match="max_frames=12"):
+        returns = record(model, tmp_path / "short.gif", num_episodes=3, seed=0, max_frames=12)
+    assert len(returns) < 3
+    with _gif(tmp_path / "short.gif") as im:
+        assert im.n_frames <= 12
+
+    def renders():
+        return gym.make("CartPole-v1", render_mode="rgb_array")
+
+    assert len(record(model, tmp_path / "factory.gif", num_episodes=1, env=renders, seed=0)) == 1
+    with pytest.raises(ValueError, match="render_mode='rgb_array'"):
+        record(model, tmp_path / "x.gif", env=lambda: gym.make("CartPole-v1"))
+    with pytest.raises(ValueError, match="spaces"):
+        record(model, tmp_path / "x.gif", env="Pendulum-v1")
+    with pytest.raises(ValueError, match="unknown env id"):
+        record(model, tmp_path / "x.gif", env="NoSuchEnv-v0")
