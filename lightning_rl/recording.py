@@ -261,7 +261,8 @@ def run_from_args(args: argparse.Namespace) -> int:
         model = load_model(args.ckpt_path, algo=args.algo)
         returns = record(model, args.out, num_episodes=args.num_episodes, env=args.env, seed=args.seed,
                          fps=args.fps, max_frames=args.max_frames)
-    except (FileNotFoundError, ValueError, TypeError, ImportError) as err:
+    except (FileNotFoundError, ValueError, TypeError, ImportError, gym.error.Error) as err:
+        # gym.error.DependencyNotInstalled: e.g. pygame, which classic-control envs render with
         print(f"lightning-rl record: error: {err}", file=sys.stderr)
         return 1
     shown = ", ".join(f"{r:.1f}" for r in returns) or "none finished"

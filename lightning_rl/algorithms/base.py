@@ -18,10 +18,12 @@ import gymnasium as gym
 import numpy as np
 import pytorch_lightning as pl
 import torch
+from pytorch_lightning.trainer.states import TrainerFn
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
 from lightning_rl.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
+from lightning_rl.checkpoint import CheckedCheckpointIO
 from lightning_rl.data.envs import EnvSpec, env_spaces, resolve_vectorization
 from lightning_rl.evaluation import evaluate
 from lightning_rl.functional import piecewise_linear
@@ -135,6 +137,7 @@ class RLModule(pl.LightningModule):
         self._default_datamodule: pl.LightningDataModule | None = None
         self._sampling_copies: dict[tuple[str, torch.device], tuple[int, nn.Module]] = {}
         self._weights_version = 0
+        self._pending_datamodule_state: dict[str, Any] | None = None
         check_positive(num_cpu_threads=num_cpu_threads)
         self.num_cpu_threads = num_cpu_threads
         self._saved_num_threads: int | None = None
@@ -187,6 +190,9 @@ class RLModule(pl.LightningModule):
         dm.trainer = self.trainer
         dm.connect(self)  # type: ignore[attr-defined]
         dm.setup("fit")
+        if self._pending_datamodule_state:  # resuming: continue the envs where they were
+            dm.load_state_dict(self._pending_datamodule_state)
+            self._pending_datamodule_state = None
         self._default_datamodule = dm
         return dm.train_dataloader()
 
@@ -203,8 +209,7 @@ class RLModule(pl.LightningModule):
 
     def teardown(self, stage: str) -> None:
         if self._default_datamodule is not None:
-            self._default_datamodule.teardown(stage)
-            self._default_datamodule = None
+            self._default_datamodule.teardown(stage)  # closes the envs; keeps their last state
 
     def postprocess_rollout(
         self, policy_id: str, rollout: SampleBatch, last_obs: Tensor, valid: Tensor
@@ -276,8 +281,10 @@ class RLModule(pl.LightningModule):
     # ---------------------------------------------------------------- Lightning hooks
     # ---------------------------------------------------------------- evaluation
     def val_dataloader(self) -> Any:
-        """One evaluation request per validation run when ``evaluation_interval`` is set."""
-        if not self.hparams.get("evaluation_interval"):
+        """One evaluation request per validation run: always for ``trainer.validate``, during
+        ``fit`` only when ``evaluation_interval`` is set."""
+        validating = self._trainer is not None and self.trainer.state.fn == TrainerFn.VALIDATING
+        if not validating and not self.hparams.get("evaluation_interval"):
             return []
         return DataLoader(range(1), batch_size=None)
 
@@ -315,6 +322,12 @@ class RLModule(pl.LightningModule):
     def configure_callbacks(self) -> list[pl.Callback]:
         from lightning_rl.callbacks import LearnerInfoCallback, RolloutMetricsCallback
 
+        strategy = self.trainer.strategy if self._trainer is not None else None
+        if strategy is not None and not isinstance(strategy.checkpoint_io, CheckedCheckpointIO):
+            # The first hook of fit/validate, before Lightning restores a checkpoint: resuming
+            # then reads it with weights_only=True and a bad file is an error naming it.
+            strategy.checkpoint_io = CheckedCheckpointIO(strategy.checkpoint_io, self)
+
         interval = self.hparams.get("evaluation_interval")
         if interval is not None and self._trainer is not None:
             check_positive(evaluation_interval=interval, evaluation_num_episodes=self.hparams.evaluation_num_episodes)
@@ -327,11 +340,26 @@ class RLModule(pl.LightningModule):
         return [cb() for cb in (LearnerInfoCallback, RolloutMetricsCallback) if cb not in present]
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["lightning_rl"] = {"counters": dict(self.counters), **self.extra_state()}
+        # Everything a resumed run needs to continue exactly (plain values and tensors, so the
+        # file loads with weights_only=True). A DataModule given to the Trainer is saved by
+        # Lightning itself; the default one is ours to save.
+        checkpoint["lightning_rl"] = {
+            "algorithm": f"{type(self).__module__}.{type(self).__qualname__}",
+            "counters": dict(self.counters),
+            "shuffle_generator": self.shuffle_generator.get_state(),
+            "torch_rng": torch.get_rng_state(),
+            "datamodule": self._default_datamodule.state_dict() if self._default_datamodule is not None else None,
+            **self.extra_state(),
+        }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("lightning_rl", {})
         self.counters.update(state.get("counters", {}))
+        self.global_counters = dict(self.counters)
+        if "shuffle_generator" in state:
+            self.shuffle_generator.set_state(state["shuffle_generator"])
+            torch.set_rng_state(state["torch_rng"])
+        self._pending_datamodule_state = state.get("datamodule")
         self.load_extra_state(state)
 
     def extra_state(self) -> dict[str, Any]:

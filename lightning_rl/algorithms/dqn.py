@@ -39,6 +39,7 @@ class DQN(OffPolicyModule):
         prioritized_replay, prioritized_replay_alpha, prioritized_replay_beta,
         prioritized_replay_eps: proportional prioritized replay; beta anneals to 1 over
             ``total_env_steps``.
+        checkpoint_replay_buffer: keep the replay buffer in checkpoints (exact resume).
 
     See ``OffPolicyModule``/``RLModule`` and the README for the shared hyperparameters.
     """
@@ -78,6 +79,7 @@ class DQN(OffPolicyModule):
         prioritized_replay_alpha: float = 0.6,
         prioritized_replay_beta: float = 0.4,
         prioritized_replay_eps: float = 1e-6,
+        checkpoint_replay_buffer: bool = True,
     ) -> None:
         super().__init__(
             env=env, num_envs=num_envs, total_env_steps=total_env_steps, iterations_per_epoch=iterations_per_epoch,

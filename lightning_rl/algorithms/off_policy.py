@@ -71,7 +71,7 @@ class OffPolicyModule(RLModule):
             prioritized_replay_alpha=hp.prioritized_replay_alpha, prioritized_replay_beta=hp.prioritized_replay_beta,
             prioritized_replay_eps=hp.prioritized_replay_eps, beta_annealing_env_steps=hp.total_env_steps,
             vectorization=hp.vectorization, seed=hp.seed, iterations_per_epoch=hp.iterations_per_epoch,
-            sampling_device=hp.sampling_device,
+            sampling_device=hp.sampling_device, checkpoint_replay_buffer=hp.get("checkpoint_replay_buffer", True),
         )
 
     def update(self, policy_id: str, batch: SampleBatch) -> dict[str, Any]:

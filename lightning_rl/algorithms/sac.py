@@ -35,6 +35,7 @@ class SAC(OffPolicyModule):
             ``target_network_update_freq`` env steps.
         initial_alpha: starting entropy temperature.
         target_entropy: ``"auto"`` (``-action_dim``) or a number.
+        checkpoint_replay_buffer: keep the replay buffer in checkpoints (exact resume).
 
     See ``OffPolicyModule``/``RLModule`` and the README for the shared hyperparameters.
     """
@@ -71,6 +72,7 @@ class SAC(OffPolicyModule):
         prioritized_replay_alpha: float = 0.6,
         prioritized_replay_beta: float = 0.4,
         prioritized_replay_eps: float = 1e-6,
+        checkpoint_replay_buffer: bool = True,
     ) -> None:
         super().__init__(
             env=env, num_envs=num_envs, total_env_steps=total_env_steps, iterations_per_epoch=iterations_per_epoch,

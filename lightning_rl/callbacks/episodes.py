@@ -31,6 +31,13 @@ class RolloutMetricsCallback(pl.Callback):
         # Sums since the last logged iteration (per-iteration averages are logged).
         self._episodes, self._sample_s, self._learn_s, self._iterations = 0, 0.0, 0.0, 0
 
+    def state_dict(self) -> dict[str, Any]:
+        return {"returns": list(self.returns), "lengths": list(self.lengths)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.returns.extend(state_dict.get("returns", []))
+        self.lengths.extend(state_dict.get("lengths", []))
+
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._last_time = time.perf_counter()
         self._last_steps = pl_module.global_counters["num_env_steps_sampled"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import warnings
 from collections.abc import Iterator
 from itertools import islice
@@ -71,6 +72,7 @@ class EnvDataModule(pl.LightningDataModule):
         self.module: RLModule | None = None
         self.envs: gym.vector.VectorEnv | None = None
         self.generator = torch.Generator()
+        self._state_at_teardown: dict[str, Any] = {}
 
     def connect(self, module: RLModule) -> None:
         """The one door through which the DataModule learns the policy it samples with."""
@@ -100,11 +102,57 @@ class EnvDataModule(pl.LightningDataModule):
     def on_envs_ready(self) -> None:
         """Subclass hook: envs are built and reset (allocate buffers here)."""
 
+    # ------------------------------------------------------------ checkpointing
+    def state_dict(self) -> dict[str, Any]:
+        """Sampler state for exact resume: RNG, the envs themselves (pickled, when they can
+        be) and where each env is in its episode. Plain tensors and bytes, so checkpoints load
+        with ``weights_only=True``."""
+        if self.envs is None:
+            return self._state_at_teardown
+        try:
+            envs = pickle.dumps(self.envs)
+        except Exception:  # async envs (processes), envs holding sockets or lambdas ...
+            envs = None
+        return {
+            "generator": self.generator.get_state(),
+            "envs": envs,
+            "obs": torch.from_numpy(np.array(self._obs)),
+            "prev_done": torch.from_numpy(self._prev_done.copy()),
+            "episodes_seen": int(self._episodes_seen),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore ``state_dict``; call after ``setup``. Envs that could not be pickled are
+        reset instead, with a warning (the run continues, but not bit for bit)."""
+        if not state or self.envs is None:
+            return
+        self.generator.set_state(state["generator"])
+        if state["envs"] is None:
+            warnings.warn(
+                f"the checkpoint holds no env state ({type(self.envs.unwrapped).__name__} could not be pickled): "
+                "the envs were reset and the run continues from fresh episodes, so it will not match an "
+                "uninterrupted run exactly",
+                stacklevel=2,
+            )
+            self.on_envs_reset()
+            return
+        self.envs.close()
+        # The bytes were written by this library's own state_dict into the user's checkpoint.
+        self.envs = pickle.loads(state["envs"])
+        self._obs = state["obs"].numpy()
+        self._prev_done = state["prev_done"].numpy().copy()
+        self._episodes_seen = int(state["episodes_seen"])
+
+    def on_envs_reset(self) -> None:
+        """Subclass hook: the envs restarted from fresh episodes after a restore."""
+
     def train_dataloader(self) -> DataLoader:
         return DataLoader(_Iterations(self), batch_size=None, num_workers=0)
 
     def teardown(self, stage: str) -> None:
         if self.envs is not None:
+            # Keep what a checkpoint saved after fit (trainer.save_checkpoint) must contain.
+            self._state_at_teardown = self.state_dict()
             self.envs.close()
             self.envs = None
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Literal
 
 import gymnasium as gym
@@ -69,7 +70,8 @@ def make_vector_env(env: EnvSpec, num_envs: int, vectorization: str = "auto") ->
     if mode == "vector_entry_point":
         venv = gym.make_vec(env, num_envs=num_envs, vectorization_mode="vector_entry_point")
     else:
-        make_one: Callable[[], gym.Env] = (lambda: gym.make(env)) if isinstance(env, str) else env  # type: ignore[assignment]
+        # functools.partial, not a lambda: the vector env stays picklable for checkpoints.
+        make_one: Callable[[], gym.Env] = partial(gym.make, env) if isinstance(env, str) else env
         if isinstance(env, str):
             _check_id(env)
         cls = gym.vector.SyncVectorEnv if mode == "sync" else gym.vector.AsyncVectorEnv

@@ -32,6 +32,8 @@ class ReplayDataModule(EnvDataModule):
         prioritized_replay: sample proportionally to ``(|td_error| + eps) ** alpha``
             (Schaul et al. 2016) instead of uniformly; ``beta`` anneals linearly from
             ``prioritized_replay_beta`` to 1 over ``beta_annealing_env_steps``.
+        checkpoint_replay_buffer: save the buffer in checkpoints (exact resume); off, a
+            resumed run starts with an empty buffer and waits ``learning_starts`` again.
     """
 
     def __init__(
@@ -54,6 +56,7 @@ class ReplayDataModule(EnvDataModule):
         seed: int | None = None,
         iterations_per_epoch: int = 1000,
         sampling_device: str = "cpu",
+        checkpoint_replay_buffer: bool = True,
     ) -> None:
         super().__init__(env, num_envs, vectorization, seed, iterations_per_epoch, sampling_device)
         for name, value in (("train_freq", train_freq), ("num_gradient_steps", num_gradient_steps),
@@ -77,6 +80,7 @@ class ReplayDataModule(EnvDataModule):
         self.eps = prioritized_replay_eps
         self.buffer: ReplayBuffer | None = None
         self.env_steps = 0  # this process's env steps, which learning_starts and beta count
+        self.checkpoint_replay_buffer = checkpoint_replay_buffer
 
     def on_envs_ready(self) -> None:
         kwargs = dict(
@@ -137,3 +141,23 @@ class ReplayDataModule(EnvDataModule):
                 continue
             indexes = policy_batch[SampleBatch.BATCH_INDEXES].cpu().numpy()
             self.buffer.update_priorities(indexes, np.asarray(td_error))
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        if state and self.envs is not None:
+            state["env_steps"] = self.env_steps
+            state["buffer"] = self.buffer.state_dict(tensors=True) if self.checkpoint_replay_buffer else None
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        if not state or self.buffer is None:
+            return
+        if state.get("buffer") is not None:
+            self.buffer.load_state_dict(state["buffer"])
+            self.env_steps = int(state["env_steps"])
+        # else: an empty buffer; env_steps restarts so learning_starts fills it again
+
+    def on_envs_reset(self) -> None:
+        if self.buffer is not None:
+            self.buffer.end_episodes()  # no n-step window may join the old stream to the new
