@@ -18,7 +18,10 @@ def load(name: str):
     return module
 
 
-@pytest.mark.parametrize(("name", "steps"), [("ppo_cartpole", 2048), ("ppo_pendulum", 8192)])
+@pytest.mark.parametrize(
+    ("name", "steps"),
+    [("ppo_cartpole", 2048), ("ppo_pendulum", 8192), ("dqn_cartpole", 2048), ("sac_pendulum", 600)],
+)
 def test_example_runs_and_logs(name, steps, tmp_path):
     result = load(name).main(["--total-env-steps", str(steps), "--log-dir", str(tmp_path)])
     assert math.isfinite(result)

@@ -6,10 +6,12 @@ a shorter seeded form of the same check in CI.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import pytorch_lightning as pl
+from pytorch_lightning.callbacks import EarlyStopping
 
-from lightning_rl import A2C, PPO
+from lightning_rl import A2C, DQN, PPO, SAC, evaluate
 from tests.conftest import quiet_trainer
 
 
@@ -83,3 +85,28 @@ def test_ppo_pendulum_reaches_minus_250_within_300k():
     model = ppo_pendulum()
     curve = train(model)
     assert curve.points[-1][1] >= -250, curve
+
+
+def test_dqn_cartpole_greedy_475_within_60k_steps():
+    """Greedy evaluation (10 episodes) every ~5k env steps; EarlyStopping ends the run at 475."""
+    model = DQN(env="CartPole-v1", seed=0, total_env_steps=60_000, lr_schedule="linear", iterations_per_epoch=78,
+                evaluation_interval=1, evaluation_num_episodes=10)
+    evaluations = []
+
+    class Record(pl.Callback):
+        def on_validation_end(self, trainer, pl_module):
+            if not trainer.sanity_checking:
+                evaluations.append((pl_module.counters["num_env_steps_sampled"],
+                                    float(trainer.callback_metrics["val/episode_return_mean"])))
+
+    stop = EarlyStopping(monitor="val/episode_return_mean", mode="max", stopping_threshold=475, patience=1000)
+    quiet_trainer(callbacks=[Record(), stop], num_sanity_val_steps=0).fit(model)
+    best = max(r for _, r in evaluations)
+    assert best >= 475 and model.counters["num_env_steps_sampled"] <= 60_000, evaluations
+
+
+def test_sac_pendulum_greedy_minus_200_within_20k_steps():
+    model = SAC(env="Pendulum-v1", seed=0, total_env_steps=20_000)
+    curve = train(model)
+    returns = evaluate(model, num_episodes=10, seed=123)
+    assert np.mean(returns) >= -200, (returns, str(curve))

@@ -48,9 +48,14 @@ def test_ppo_resume_is_exact(tmp_path):
 
 
 def test_dqn_resume_is_exact_with_replay_buffer(tmp_path):
-    straight, resumed, trainer = straight_and_resumed(DQN, DQN_KW, tmp_path, epochs=(4, 8))
+    straight, resumed, _ = straight_and_resumed(DQN, DQN_KW, tmp_path, epochs=(4, 8))
     assert resumed.counters == straight.counters and straight.counters["num_env_steps_sampled"] == 4096
     torch.testing.assert_close(weights(resumed), weights(straight), rtol=0, atol=0)
+    a, b = (m._default_datamodule.state_dict()["buffer"] for m in (straight, resumed))  # state kept at teardown
+    assert a.keys() == b.keys()
+    for key in a:
+        if isinstance(a[key], torch.Tensor):
+            assert torch.equal(a[key], b[key]), key  # the same transitions and priorities
 
 
 def test_dqn_checkpoint_carries_the_buffer_only_when_asked(tmp_path):
@@ -94,7 +99,8 @@ def test_checkpoints_load_with_weights_only(tmp_path):
         trainer.fit(model)
         trainer.save_checkpoint(tmp_path / "m.ckpt")
         checkpoint = torch.load(tmp_path / "m.ckpt", weights_only=True)
-        assert checkpoint["lightning_rl"]["algorithm"] == f"lightning_rl.algorithms.{cls.__name__.lower()}.{cls.__name__}"
+        name = cls.__name__
+        assert checkpoint["lightning_rl"]["algorithm"] == f"lightning_rl.algorithms.{name.lower()}.{name}"
         restored = cls.load_from_checkpoint(tmp_path / "m.ckpt", weights_only=True)
         assert restored.counters == model.counters
 
