@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 import time
 import warnings
 from collections.abc import Sequence
@@ -18,6 +19,7 @@ import gymnasium as gym
 import numpy as np
 import pytorch_lightning as pl
 import torch
+from pytorch_lightning.callbacks import ModelSummary
 from pytorch_lightning.trainer.states import TrainerFn
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
@@ -73,6 +75,17 @@ def check_positive(**values: float | None) -> None:
 def check_gamma(gamma: float) -> None:
     if not 0.0 < gamma <= 1.0:
         raise ValueError(f"gamma must be in (0, 1], got {gamma}")
+
+
+class _GreedyPolicy(nn.Module):
+    """``obs -> greedy actions`` of a policy, as one traceable forward."""
+
+    def __init__(self, policy: nn.Module) -> None:
+        super().__init__()
+        self.policy = policy
+
+    def forward(self, obs: Tensor) -> Tensor:
+        return self.policy.compute_actions(obs, explore=False)["actions"].detach()
 
 
 class RLModule(pl.LightningModule):
@@ -178,6 +191,27 @@ class RLModule(pl.LightningModule):
         if single:
             actions = actions[0]
         return actions.cpu().numpy() if is_numpy else actions
+
+    def predict(
+        self, obs: np.ndarray | Tensor, deterministic: bool = True, policy_id: str = DEFAULT_POLICY_ID
+    ) -> np.ndarray | Tensor:
+        """Actions for one observation or a batch, for use outside Lightning (greedy by default)."""
+        was_training = self.training
+        self.eval()
+        try:
+            return self.compute_actions(obs, policy_id=policy_id, explore=not deterministic)
+        finally:
+            self.train(was_training)
+
+    def export_policy(self, path: str | os.PathLike[str], policy_id: str = DEFAULT_POLICY_ID) -> torch.jit.ScriptModule:
+        """Save the greedy policy as TorchScript: ``torch.jit.load(path)(obs_batch) -> actions``,
+        runnable without Python, Lightning or this library."""
+        greedy = _GreedyPolicy(copy.deepcopy(self.policies[policy_id]).cpu().eval())
+        example = torch.as_tensor(np.stack([self.observation_space.sample() for _ in range(2)]))
+        with torch.no_grad():
+            scripted = torch.jit.trace(greedy, example, check_trace=False)
+        scripted.save(str(path))
+        return scripted
 
     # ---------------------------------------------------------------- data
     def build_datamodule(self) -> pl.LightningDataModule:
@@ -320,7 +354,7 @@ class RLModule(pl.LightningModule):
             self._saved_num_threads = None
 
     def configure_callbacks(self) -> list[pl.Callback]:
-        from lightning_rl.callbacks import LearnerInfoCallback, RolloutMetricsCallback
+        from lightning_rl.callbacks import InterruptCheckpoint, LearnerInfoCallback, RolloutMetricsCallback
 
         strategy = self.trainer.strategy if self._trainer is not None else None
         if strategy is not None and not isinstance(strategy.checkpoint_io, CheckedCheckpointIO):
@@ -337,7 +371,15 @@ class RLModule(pl.LightningModule):
             self.trainer.check_val_every_n_epoch = interval
 
         present = {type(cb) for cb in self.trainer.callbacks} if self._trainer is not None else set()
-        return [cb() for cb in (LearnerInfoCallback, RolloutMetricsCallback) if cb not in present]
+        callbacks: list[pl.Callback] = [
+            cb() for cb in (LearnerInfoCallback, RolloutMetricsCallback) if cb not in present
+        ]
+        if self._trainer is not None:
+            if InterruptCheckpoint not in present:
+                callbacks.append(InterruptCheckpoint(os.path.join(self.trainer.default_root_dir, "checkpoints")))
+            if ModelSummary in present:  # show each policy's parameter count, not just the ModuleDict's
+                callbacks.append(ModelSummary(max_depth=2))
+        return callbacks
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # Everything a resumed run needs to continue exactly (plain values and tensors, so the

@@ -1,6 +1,7 @@
 """Callbacks that observe training and log what they see; none changes the model."""
 
 from lightning_rl.callbacks.episodes import RolloutMetricsCallback
+from lightning_rl.callbacks.interrupt import InterruptCheckpoint
 from lightning_rl.callbacks.learner_info import LearnerInfoCallback
 
-__all__ = ["LearnerInfoCallback", "RolloutMetricsCallback"]
+__all__ = ["InterruptCheckpoint", "LearnerInfoCallback", "RolloutMetricsCallback"]

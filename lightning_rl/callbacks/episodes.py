@@ -93,3 +93,5 @@ class RolloutMetricsCallback(pl.Callback):
         if "rollout/episode_return_mean" in metrics:
             pl_module.log("return", metrics["rollout/episode_return_mean"], prog_bar=True, logger=False, batch_size=1)
         pl_module.log("env_steps", float(steps), prog_bar=True, logger=False, batch_size=1)
+        if "perf/env_steps_per_s" in metrics:
+            pl_module.log("steps/s", metrics["perf/env_steps_per_s"], prog_bar=True, logger=False, batch_size=1)

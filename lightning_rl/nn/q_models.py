@@ -52,8 +52,10 @@ class QNetwork(nn.Module):
     ) -> dict[str, Tensor]:
         """Epsilon-greedy actions (greedy when ``explore`` is False)."""
         greedy = self(obs).argmax(-1)
+        if not explore:
+            return {"actions": greedy}
         eps = float(self.epsilon) if epsilon is None else epsilon
-        if not explore or eps <= 0:
+        if eps <= 0:
             return {"actions": greedy}
         n = greedy.shape[0]
         random_actions = torch.randint(self.num_actions, (n,), generator=generator, device=greedy.device)

@@ -1,0 +1,73 @@
+"""The ``lightning-rl`` CLI in subprocesses: every example YAML, validate from its checkpoint,
+--model selection, --print_config round trip."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = sorted((ROOT / "examples" / "configs").glob("*.yaml"))
+SHORT = {  # a few iterations of each config
+    "ppo_cartpole": ["--model.init_args.total_env_steps", "512", "--model.init_args.iterations_per_epoch", "1"],
+    "ppo_pendulum": ["--model.init_args.total_env_steps", "4096", "--model.init_args.rollout_fragment_length", "512"],
+    "a2c_cartpole": ["--model.init_args.total_env_steps", "400", "--model.init_args.iterations_per_epoch", "5"],
+    "dqn_cartpole": ["--model.init_args.total_env_steps", "1024", "--model.init_args.iterations_per_epoch", "4"],
+    "sac_pendulum": ["--model.init_args.total_env_steps", "300", "--model.init_args.iterations_per_epoch", "150",
+                     "--model.init_args.evaluation_num_episodes", "2"],
+}
+
+
+def lightning_rl(*args: str, cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "lightning_rl.cli", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return proc
+
+
+def test_every_config_has_a_short_form():
+    assert {c.stem for c in CONFIGS} == set(SHORT)
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.stem)
+def test_fit_from_config_then_validate_from_its_checkpoint(config, tmp_path):
+    lightning_rl("fit", "-c", str(config), *SHORT[config.stem], "--trainer.default_root_dir", str(tmp_path),
+                 "--trainer.enable_progress_bar", "false", cwd=tmp_path)
+    (version,) = (tmp_path / "lightning_logs").glob("version_*")
+    (ckpt,) = version.glob("checkpoints/*.ckpt")
+    assert (version / "config.yaml").is_file()
+    out = lightning_rl("validate", "--ckpt_path", str(ckpt), "--trainer.default_root_dir", str(tmp_path / "val"),
+                       "--trainer.enable_progress_bar", "false", cwd=tmp_path)
+    assert "val/episode_return_mean" in out.stdout
+
+
+def test_model_selected_by_name_on_the_command_line(tmp_path):
+    lightning_rl("fit", "--model", "A2C", "--model.env", "CartPole-v1", "--model.iterations_per_epoch", "3",
+                 "--model.total_env_steps", "null", "--trainer.max_epochs", "2", "--trainer.default_root_dir",
+                 str(tmp_path), "--trainer.enable_progress_bar", "false", cwd=tmp_path)
+    (ckpt,) = tmp_path.glob("lightning_logs/version_0/checkpoints/*.ckpt")
+    state = torch.load(ckpt, weights_only=True)["lightning_rl"]
+    assert state["algorithm"].endswith("A2C") and state["counters"]["num_iterations"] == 6
+
+
+@pytest.mark.parametrize("config", [c for c in CONFIGS if c.stem in ("ppo_cartpole", "dqn_cartpole")],
+                         ids=lambda c: c.stem)
+def test_print_config_round_trip(config, tmp_path):
+    first = lightning_rl("fit", "-c", str(config), "--print_config", cwd=tmp_path).stdout
+    (tmp_path / "printed.yaml").write_text(first)
+    second = lightning_rl("fit", "-c", str(tmp_path / "printed.yaml"), "--print_config", cwd=tmp_path).stdout
+    assert yaml.safe_load(first) == yaml.safe_load(second)
+    model = yaml.safe_load(first)["model"]
+    assert model["class_path"] == f"lightning_rl.{config.stem.split('_')[0].upper()}"
+    assert model["init_args"]["env"] == "CartPole-v1"
+
+
+def test_help_lists_the_tools(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "lightning_rl.cli", "--help"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120)
+    assert "lightning-rl plot" in out.stdout and "lightning-rl record" in out.stdout
