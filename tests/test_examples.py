@@ -26,3 +26,20 @@ def test_example_runs_and_logs(name, steps, tmp_path):
     result = load(name).main(["--total-env-steps", str(steps), "--log-dir", str(tmp_path)])
     assert math.isfinite(result)
     assert list(tmp_path.glob(f"{name}/version_0/events.out.tfevents.*"))
+
+
+def test_ddp_example_runs_on_two_cpu_processes(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("LOCAL_RANK", None)
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / "ppo_ddp.py"), "--devices", "2", "--total-env-steps", "2048",
+         "--log-dir", str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "DD-PPO on 2 ranks" in proc.stdout and "2048 global env steps" in proc.stdout
+    assert list(tmp_path.glob("ppo_ddp/version_0/events.out.tfevents.*"))
