@@ -1,13 +1,12 @@
 """Learning tests: seeded runs with env-step budgets (never wall-clock limits).
 
-Failures print the learning curve. Runs too long for CI are marked ``slow``; each keeps
-a shorter seeded form of the same check in CI.
+Failures print the learning curve. All run in CI (about 10 minutes on 2 cores); the
+2-rank DDP learning run is in tests/test_ddp.py.
 """
 
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import pytorch_lightning as pl
 from pytorch_lightning.callbacks import EarlyStopping
 
@@ -58,33 +57,25 @@ def test_ppo_cartpole_solves_within_100k_steps():
     model = ppo_cartpole()
     curve = train(model)
     assert model.counters["num_env_steps_sampled"] <= 100_000 + 256
-    assert curve.best() >= 475, curve
+    assert curve.best() >= 475, str(curve)
 
 
 def test_ppo_cartpole_sync_vector_env_solves_too():
     model = ppo_cartpole(vectorization="sync", seed=1)
     curve = train(model)
-    assert curve.best() >= 475, curve
+    assert curve.best() >= 475, str(curve)
 
 
 def test_a2c_cartpole_solves_within_500k_steps():
     model = A2C(env="CartPole-v1", num_envs=8, rollout_fragment_length=5, seed=0, total_env_steps=500_000)
     curve = train(model)
-    assert curve.best() >= 475, curve
+    assert curve.best() >= 475, str(curve)
 
 
-def test_ppo_pendulum_short_form():
-    """CI form of the Pendulum check: the same settings, 80k steps, clear progress from ~-1200."""
-    model = ppo_pendulum(total_env_steps=81_920)
-    curve = train(model)
-    assert curve.points[-1][1] >= -600, curve
-
-
-@pytest.mark.slow
 def test_ppo_pendulum_reaches_minus_250_within_300k():
     model = ppo_pendulum()
     curve = train(model)
-    assert curve.points[-1][1] >= -250, curve
+    assert curve.points[-1][1] >= -250, str(curve)
 
 
 def test_dqn_cartpole_greedy_475_within_60k_steps():
