@@ -17,6 +17,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 WORKER = r"""
@@ -50,8 +51,13 @@ if trainer.is_global_zero:
 
 def run(devices: int, iterations: int) -> float:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-c", WORKER, str(devices), str(iterations)], env=env,
-                          capture_output=True, text=True, timeout=1800)
+    with tempfile.TemporaryDirectory() as tmp:
+        # A file, not `python -c`: Lightning's DDP launcher re-runs sys.argv for the other ranks.
+        script = os.path.join(tmp, "ddp_scaling_worker.py")
+        with open(script, "w") as f:
+            f.write(WORKER)
+        proc = subprocess.run([sys.executable, script, str(devices), str(iterations)], env=env,
+                              capture_output=True, text=True, timeout=1800)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"{devices}-rank run failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")

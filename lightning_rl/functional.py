@@ -55,9 +55,24 @@ def gae(
     return advantages, advantages + values
 
 
-def standardized(x: Tensor, eps: float = 1e-4) -> Tensor:
-    """``(x - mean) / max(eps, std)`` over all elements of ``x`` (any shape)."""
-    return (x - x.mean()) / x.std(unbiased=False).clamp_min(eps)
+def standardized(x: Tensor, eps: float = 1e-4, moments: Tensor | None = None) -> Tensor:
+    """``(x - mean) / max(eps, std)`` over all elements of ``x`` (any shape).
+
+    ``moments`` = ``[count, sum, sum of squares]`` (e.g. summed over DDP ranks) gives the
+    mean and std of a larger population than ``x`` itself.
+    """
+    if moments is None:
+        return (x - x.mean()) / x.std(unbiased=False).clamp_min(eps)
+    count, total, total_sq = moments.double()
+    mean = total / count
+    std = (total_sq / count - mean * mean).clamp_min(0.0).sqrt()
+    return (x - mean.to(x.dtype)) / std.to(x.dtype).clamp_min(eps)
+
+
+def moments(x: Tensor) -> Tensor:
+    """``[count, sum, sum of squares]`` of all elements of ``x``, in float64 (for ``standardized``)."""
+    x = x.double()
+    return torch.stack([torch.tensor(float(x.numel()), dtype=torch.float64, device=x.device), x.sum(), (x * x).sum()])
 
 
 def ppo_surrogate_loss(

@@ -69,7 +69,8 @@ def main(out: Path, mode: str) -> None:
     if mode == "learn":
         model = PPO(env="CartPole-v1", num_envs=4, rollout_fragment_length=32, num_sgd_iter=20,
                     sgd_minibatch_size=128, lr=1e-3, lr_schedule="linear", clip_param_schedule="linear",
-                    gamma=0.98, lambda_=0.8, total_env_steps=100_000, **common)
+                    gamma=0.98, lambda_=0.8, total_env_steps=100_000, evaluation_interval=2,
+                    evaluation_num_episodes=5, **common)
     elif mode == "dqn":
         model = DQN(env="CartPole-v1", learning_starts=64, train_freq=32, num_gradient_steps=4, train_batch_size=32,
                     buffer_size=2000, hiddens=(32,), prioritized_replay=True, total_env_steps=2 * 32 * 8,
@@ -83,6 +84,7 @@ def main(out: Path, mode: str) -> None:
     recorder = Recorder()
     trainer = pl.Trainer(
         strategy="ddp", devices=2, accelerator="cpu", logger=CSVLogger(out, name="csv"), log_every_n_steps=1,
+        num_sanity_val_steps=0,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, callbacks=[recorder],
     )
     trainer.fit(model)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 import os
 import subprocess
 import sys
@@ -87,9 +86,10 @@ def test_dqn_under_ddp_each_rank_its_own_buffer(tmp_path):
     assert any(r.get("learner/default_policy/learner_stats/loss") for r in rows)
 
 
-@pytest.mark.slow
 def test_ddp_ppo_cartpole_learns_within_the_same_global_budget(tmp_path):
+    """Greedy evaluation (5 episodes per rank, averaged over ranks) every 1280 global env steps."""
     r0, _, rows = run_ddp(tmp_path, "learn", timeout=1200)
-    best = max(float(r["rollout/episode_return_mean"]) for r in rows if r.get("rollout/episode_return_mean"))
+    evaluations = [(int(float(r["step"])), float(r["val/episode_return_mean"]))
+                   for r in rows if r.get("val/episode_return_mean")]
     assert r0["global_counters"]["num_env_steps_sampled"] <= 100_000 + 256
-    assert best >= 475 and math.isfinite(best)
+    assert len(evaluations) >= 30 and max(v for _, v in evaluations) >= 475, evaluations

@@ -507,3 +507,12 @@ def test_explained_variance():
     const = torch.full((5,), 3.0)
     ev = explained_variance(torch.randn(5, generator=torch.Generator().manual_seed(0)), const)
     assert ev.item() == 0.0
+
+
+def test_standardized_with_population_moments_matches_the_concatenation():
+    from lightning_rl.functional import moments
+
+    a, b = torch.randn(50) * 3 + 1, torch.randn(70) * 0.5 - 2
+    both = standardized(torch.cat([a, b]))
+    stats = moments(a) + moments(b)  # what an all-reduce over two ranks computes
+    torch.testing.assert_close(torch.cat([standardized(a, moments=stats), standardized(b, moments=stats)]), both)

@@ -14,7 +14,7 @@ from lightning_rl.algorithms.base import RLModule, Schedule, check_gamma, check_
 from lightning_rl.batch import DEFAULT_POLICY_ID, SampleBatch
 from lightning_rl.data.envs import EnvSpec
 from lightning_rl.data.rollout import RolloutDataModule
-from lightning_rl.functional import gae, standardized
+from lightning_rl.functional import gae, moments, standardized
 from lightning_rl.learner_info import LEARNER_STATS_KEY, LearnerInfoBuilder
 from lightning_rl.nn.models import ActorCritic
 
@@ -125,7 +125,12 @@ class OnPolicyModule(RLModule):
 
     def learn_on_policy_batch(self, policy_id: str, batch: SampleBatch, builder: LearnerInfoBuilder) -> None:
         for field in self.hparams.standardize_fields:
-            batch[field] = standardized(batch[field])
+            # Under DDP, standardize over the global batch (one all-reduce of three numbers),
+            # so N ranks of B rows train like one process with N * B rows.
+            stats = None
+            if self.trainer.world_size > 1:
+                stats = self.trainer.strategy.reduce(moments(batch[field]), reduce_op="sum")
+            batch[field] = standardized(batch[field], moments=stats)
         optimizer = self.policy_optimizer(policy_id)
         lr = self.apply_lr_schedule(optimizer)
         for _ in range(self.num_sgd_iter):
