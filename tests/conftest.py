@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 
 import pytest
 import pytorch_lightning as pl
@@ -11,7 +10,6 @@ import torch
 
 logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
 logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-os.environ.setdefault("PL_DISABLE_FORK", "0")
 
 
 def quiet_trainer(**kwargs) -> pl.Trainer:
