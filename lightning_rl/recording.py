@@ -15,13 +15,13 @@ import sys
 import warnings
 from os import PathLike
 from pathlib import Path
-from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import torch
 
 from lightning_rl.algorithms.base import RLModule
+from lightning_rl.checkpoint import algorithm_class, read_checkpoint
 from lightning_rl.data.envs import EnvSpec
 
 __all__ = ["algorithm_classes", "load_model", "main", "make_render_env", "record"]
@@ -169,38 +169,14 @@ def algorithm_classes() -> dict[str, type[RLModule]]:
     return found
 
 
-def _init_params(cls: type) -> set[str]:
-    params = inspect.signature(cls.__init__).parameters.values()
-    return {p.name for p in params if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
-
-
-def _guess_class(hparams: dict[str, Any], ckpt: Path, classes: dict[str, type[RLModule]]) -> type[RLModule]:
-    """The class whose ``__init__`` takes every saved hyperparameter with the fewest left over."""
-    saved = set(hparams)
-    scored = []
-    for name, cls in classes.items():
-        params = _init_params(cls)
-        scored.append((len(saved - params), len(params - saved), name, cls))
-    scored.sort(key=lambda t: (t[0], t[1]))
-    if not scored or scored[0][0] > 0:
-        raise ValueError(
-            f"no lightning_rl algorithm takes all the hyperparameters saved in {str(ckpt)!r} "
-            f"({', '.join(sorted(saved))}); pass algo= (one of {', '.join(classes)})"
-        )
-    if len(scored) > 1 and scored[1][:2] == scored[0][:2]:
-        tied = [s[2] for s in scored if s[:2] == scored[0][:2]]
-        raise ValueError(f"the checkpoint {str(ckpt)!r} fits {' and '.join(tied)} equally well; pass algo=")
-    return scored[0][3]
-
-
 def load_model(ckpt_path: PathLikeStr, algo: str | type[RLModule] | None = None) -> RLModule:
     """Load a lightning_rl algorithm from a Lightning checkpoint (``trainer.save_checkpoint`` or
     ``ModelCheckpoint``), on the CPU.
 
     ``algo`` names the class (``"PPO"``, case-insensitive) or is the class itself; without it
-    the class is the exported algorithm whose ``__init__`` parameters take every saved
-    hyperparameter with the fewest left over. Raises ``FileNotFoundError`` for a missing
-    file and ``ValueError`` for a file that is not a lightning_rl checkpoint (both name it).
+    the class is the one the checkpoint records. The file is read with ``weights_only=True``.
+    Raises ``FileNotFoundError`` for a missing file and ``CheckpointError`` (a ``ValueError``) for a file that is not a
+    lightning_rl checkpoint (both name it).
     """
     path = Path(ckpt_path)
     if not path.is_file():
@@ -218,22 +194,12 @@ def load_model(ckpt_path: PathLikeStr, algo: str | type[RLModule] | None = None)
             raise ValueError(f"unknown algo {algo!r}; choose one of {', '.join(classes)}")
     else:
         cls = None
-    try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as err:  # any unreadable file is "not a checkpoint"
-        raise ValueError(f"{str(path)!r} is not a Lightning checkpoint: torch.load failed ({err})") from None
-    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
-        raise ValueError(f"{str(path)!r} is not a Lightning checkpoint (no 'state_dict' in it)")
+    # The same safe reader as resuming: weights_only=True, errors that name the file.
+    checkpoint = read_checkpoint(path)
     if cls is None:
-        hparams = checkpoint.get("hyper_parameters")
-        if not isinstance(hparams, dict) or "lightning_rl" not in checkpoint:
-            raise ValueError(
-                f"{str(path)!r} is not a lightning_rl checkpoint (no saved hyperparameters or lightning_rl state); "
-                "pass algo= if it is one"
-            )
-        cls = _guess_class(hparams, path, classes)
+        cls = algorithm_class(checkpoint)
     del checkpoint
-    model = cls.load_from_checkpoint(path, map_location="cpu")
+    model = cls.load_from_checkpoint(path, map_location="cpu", weights_only=True)
     model.eval()
     return model
 
