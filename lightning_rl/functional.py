@@ -122,10 +122,10 @@ def value_loss(
 
 def explained_variance(y_pred: Tensor, y_true: Tensor) -> Tensor:
     """``1 - Var[y_true - y_pred] / Var[y_true]`` of ``[N]`` arrays; ``-1`` (clamped) when worse than a constant."""
+    # Branch-free (no host sync per minibatch on a GPU); a constant target gives 0.
     var_y = y_true.var(unbiased=False)
-    if var_y == 0:
-        return torch.zeros((), device=y_true.device)
-    return torch.clamp(1.0 - (y_true - y_pred).var(unbiased=False) / var_y, min=-1.0)
+    ev = 1.0 - (y_true - y_pred).var(unbiased=False) / var_y.clamp_min(torch.finfo(var_y.dtype).tiny)
+    return torch.where(var_y > 0, ev.clamp_min(-1.0), torch.zeros_like(ev))
 
 
 def piecewise_linear(points: Sequence[tuple[float, float]], t: float) -> float:
