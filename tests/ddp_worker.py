@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -25,6 +26,11 @@ from lightning_rl import DQN, PPO
 
 logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
 warnings.filterwarnings("ignore")
+
+
+def affinity() -> list[int]:
+    """The CPUs this thread may run on (all of them where the OS has no affinity API)."""
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
 
 
 class RankEnv(gym.Env):
@@ -50,6 +56,7 @@ class Recorder(pl.Callback):
         self.learner_stats: list[dict] = []
         self.first_obs = None
         self.buffer_obs = None
+        self.affinity = None
 
     def on_train_end(self, trainer, pl_module):
         buffer = getattr(pl_module.active_datamodule, "buffer", None)
@@ -57,6 +64,7 @@ class Recorder(pl.Callback):
             self.buffer_obs = buffer._obs[:4].reshape(-1).tolist()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.affinity = affinity()
         if self.first_obs is None and "default_policy" in batch.policy_batches:
             self.first_obs = batch.policy_batches["default_policy"]["obs"][:4].tolist()
         stats = outputs["learner_info"].get("default_policy", {}).get("learner_stats", {})
@@ -65,6 +73,7 @@ class Recorder(pl.Callback):
 
 def main(out: Path, mode: str) -> None:
     torch.set_num_threads(1)
+    affinity_before = affinity()
     common = dict(seed=0, iterations_per_epoch=5)
     if mode == "learn":
         model = PPO(env="CartPole-v1", num_envs=4, rollout_fragment_length=32, num_sgd_iter=20,
@@ -91,6 +100,9 @@ def main(out: Path, mode: str) -> None:
     params = torch.cat([p.detach().flatten() for p in model.parameters()])
     (out / f"rank{trainer.global_rank}.json").write_text(json.dumps({
         "buffer_obs": recorder.buffer_obs,
+        "affinity_before": affinity_before,
+        "affinity_during": recorder.affinity,
+        "affinity_after": affinity(),
         "params": params.tolist(),
         "first_obs": recorder.first_obs,
         "counters": model.counters,

@@ -55,6 +55,16 @@ def test_global_counters_are_sums_of_rank_counters(check_run):
     assert r0["counters"]["num_iterations"] == r1["counters"]["num_iterations"] == 4
 
 
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="pinning needs Linux and 2 CPUs for 2 ranks")
+def test_each_rank_pinned_to_its_own_cpus_during_fit(check_run):
+    r0, r1, _ = check_run
+    assert r0["affinity_during"] and r1["affinity_during"]
+    assert not set(r0["affinity_during"]) & set(r1["affinity_during"])
+    assert set(r0["affinity_during"]) | set(r1["affinity_during"]) <= set(r0["affinity_before"])
+    assert r0["affinity_after"] == r0["affinity_before"]  # the launching process gets its CPUs back
+
+
 def test_learner_info_logged_once_with_reduced_values(check_run):
     r0, r1, rows = check_run
     assert len(rows) == 4  # one row per iteration, written by rank 0 only

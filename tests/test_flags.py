@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import math
+import os
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from lightning_rl import A2C, PPO, SampleBatch
+from lightning_rl.algorithms.base import rank_cpus, set_process_affinity
 from lightning_rl.functional import standardized
 from tests.conftest import fit_iterations
 
@@ -194,3 +197,28 @@ def test_num_cpu_threads_set_during_fit_and_restored(threads):
     fit_iterations(Spy(**{**BASE, "num_cpu_threads": threads}), 1)
     assert seen == [threads or 3]
     assert torch.get_num_threads() == 3
+
+
+def test_rank_cpus_splits_the_available_cpus():
+    assert rank_cpus({0, 1}, 0, 2) == {0} and rank_cpus({0, 1}, 1, 2) == {1}
+    assert rank_cpus(set(range(8)), 1, 2) == {4, 5, 6, 7}
+    assert rank_cpus({2, 5, 7, 9}, 1, 2) == {7, 9}
+    assert rank_cpus({0, 1}, 2, 3) == set()  # more ranks than CPUs: no pinning
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs Linux and 2 CPUs")
+@pytest.mark.parametrize("cpu_affinity", [True, False])
+def test_cpu_affinity_pins_a_ddp_rank_and_restores(cpu_affinity):
+    before = os.sched_getaffinity(0)
+    model = PPO(**{**BASE, "cpu_affinity": cpu_affinity})
+    model._trainer = SimpleNamespace(world_size=2, local_rank=1, num_devices=2)  # rank 1 of a 2-process DDP run
+    try:
+        model._pin_rank_cpus()
+        expected = rank_cpus(before, 1, 2) if cpu_affinity else before
+        assert os.sched_getaffinity(0) == expected
+        assert all(os.sched_getaffinity(int(t)) == expected for t in os.listdir("/proc/self/task"))
+        model.on_fit_end()
+        assert os.sched_getaffinity(0) == before
+    finally:
+        set_process_affinity(before)

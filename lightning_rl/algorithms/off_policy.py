@@ -33,6 +33,7 @@ class OffPolicyModule(RLModule):
         vectorization: str,
         sampling_device: str,
         num_cpu_threads: int | None,
+        cpu_affinity: bool,
         lr: float,
         lr_schedule: Schedule,
         gamma: float,
@@ -50,6 +51,7 @@ class OffPolicyModule(RLModule):
         super().__init__(
             env=env, num_envs=num_envs, total_env_steps=total_env_steps, iterations_per_epoch=iterations_per_epoch,
             seed=seed, vectorization=vectorization, sampling_device=sampling_device, num_cpu_threads=num_cpu_threads,
+            cpu_affinity=cpu_affinity,
         )
         check_positive(lr=lr, train_freq=train_freq, num_gradient_steps=num_gradient_steps,
                        train_batch_size=train_batch_size, n_step=n_step, prioritized_replay_eps=prioritized_replay_eps)

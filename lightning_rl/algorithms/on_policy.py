@@ -41,6 +41,7 @@ class OnPolicyModule(RLModule):
         vectorization: str,
         sampling_device: str,
         num_cpu_threads: int | None,
+        cpu_affinity: bool,
         lr: float,
         lr_schedule: Schedule,
         gamma: float,
@@ -57,6 +58,7 @@ class OnPolicyModule(RLModule):
         super().__init__(
             env=env, num_envs=num_envs, total_env_steps=total_env_steps, iterations_per_epoch=iterations_per_epoch,
             seed=seed, vectorization=vectorization, sampling_device=sampling_device, num_cpu_threads=num_cpu_threads,
+            cpu_affinity=cpu_affinity,
         )
         check_positive(lr=lr, grad_clip=grad_clip, rollout_fragment_length=rollout_fragment_length)
         check_positive(num_sgd_iter=num_sgd_iter, sgd_minibatch_size=sgd_minibatch_size)
@@ -127,9 +129,7 @@ class OnPolicyModule(RLModule):
         for field in self.hparams.standardize_fields:
             # Under DDP, standardize over the global batch (one all-reduce of three numbers),
             # so N ranks of B rows train like one process with N * B rows.
-            stats = None
-            if self.trainer.world_size > 1:
-                stats = self.trainer.strategy.reduce(moments(batch[field]), reduce_op="sum")
+            stats = self.sum_over_ranks(moments(batch[field])) if self.trainer.world_size > 1 else None
             batch[field] = standardized(batch[field], moments=stats)
         optimizer = self.policy_optimizer(policy_id)
         lr = self.apply_lr_schedule(optimizer)

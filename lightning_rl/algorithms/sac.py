@@ -50,6 +50,7 @@ class SAC(OffPolicyModule):
         vectorization: str = "auto",
         sampling_device: str = "cpu",
         num_cpu_threads: int | None = 1,
+        cpu_affinity: bool = True,
         evaluation_interval: int | None = None,
         evaluation_num_episodes: int = 10,
         lr: float = 1e-3,
@@ -77,6 +78,7 @@ class SAC(OffPolicyModule):
         super().__init__(
             env=env, num_envs=num_envs, total_env_steps=total_env_steps, iterations_per_epoch=iterations_per_epoch,
             seed=seed, vectorization=vectorization, sampling_device=sampling_device, num_cpu_threads=num_cpu_threads,
+            cpu_affinity=cpu_affinity,
             lr=lr, lr_schedule=lr_schedule, gamma=gamma, buffer_size=buffer_size, learning_starts=learning_starts,
             train_freq=train_freq, num_gradient_steps=num_gradient_steps, train_batch_size=train_batch_size,
             n_step=n_step,
