@@ -1,10 +1,19 @@
 """Global env steps/s of PPO CartPole with 1 and 2 CPU DDP ranks (gloo), and the ratio.
 
-Each rank runs 64 envs x 32 steps per iteration and 4 epochs of minibatch SGD; the
-2-rank run does twice the env steps per iteration in about the same wall time when the
-ranks scale. Each configuration runs in its own process (DDP launches its own workers).
+Each rank runs 64 envs and 4 epochs of minibatch SGD per iteration, in two shapes: 32-step
+rollouts in 4 minibatches of 512, and the PPO-Atari / DD-PPO shape of 128-step rollouts in 4
+minibatches of 2048. Every minibatch step is one gradient all-reduce, so the 2-rank run pays
+one gloo round trip (about 1-2 ms on a small VM) per step. Rows:
 
-    python benchmarks/ddp_scaling.py [--iterations 30] [--repeats 2]
+- ``1 rank``: one process;
+- ``2 ranks``: DDP with each rank pinned to its own core (``cpu_affinity=True``, the default);
+- ``2 ranks, no pinning``: the same with ``cpu_affinity=False``;
+- ``2 independent``: two single-rank processes at once, summed: what the machine allows
+  two ranks that never communicate (the ceiling of the ratio).
+
+Each configuration runs in its own process (DDP launches its own workers).
+
+    python benchmarks/ddp_scaling.py [--repeats 3]
 
 The last line printed is one JSON object with the figures.
 """
@@ -27,7 +36,7 @@ from lightning_rl import PPO
 logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
 warnings.filterwarnings("ignore")
 torch.set_num_threads(1)
-devices, iterations = int(sys.argv[1]), int(sys.argv[2])
+devices, iterations, fragment, minibatch, affinity = map(int, sys.argv[1:6])
 
 class Clock(pl.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
@@ -37,8 +46,9 @@ class Clock(pl.Callback):
         steps = pl_module.global_counters["num_env_steps_sampled"] - self.steps
         self.rate = steps / (time.perf_counter() - self.start)
 
-model = PPO(env="CartPole-v1", num_envs=64, rollout_fragment_length=32, num_sgd_iter=4, sgd_minibatch_size=512,
-            seed=0, total_env_steps=None, iterations_per_epoch=iterations)
+model = PPO(env="CartPole-v1", num_envs=64, rollout_fragment_length=fragment, num_sgd_iter=4,
+            sgd_minibatch_size=minibatch, seed=0, total_env_steps=None, iterations_per_epoch=iterations,
+            cpu_affinity=bool(affinity))
 clock = Clock()
 kwargs = dict(strategy="ddp", devices=devices) if devices > 1 else dict(devices=1)
 trainer = pl.Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False,
@@ -48,41 +58,71 @@ if trainer.is_global_zero:
     print("RESULT " + json.dumps({"devices": devices, "env_steps_per_s": clock.rate}))
 """
 
+CONFIGS = {  # name: (rollout_fragment_length, sgd_minibatch_size, iterations)
+    "32-step rollouts, minibatch 512": (32, 512, 40),
+    "128-step rollouts, minibatch 2048": (128, 2048, 14),
+}
+ROWS = ("1 rank", "2 ranks", "2 ranks, no pinning", "2 independent")
 
-def run(devices: int, iterations: int) -> float:
+
+def launch(script: str, devices: int, iterations: int, fragment: int, minibatch: int,
+           affinity: bool) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    args = [str(v) for v in (devices, iterations, fragment, minibatch, int(affinity))]
+    return subprocess.Popen([sys.executable, script, *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def result(proc: subprocess.Popen) -> float:
+    try:
+        out, err = proc.communicate(timeout=900)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"run failed:\n{out[-2000:]}\n{err[-4000:]}")
+    return json.loads(lines[-1][len("RESULT "):])["env_steps_per_s"]
+
+
+def run(script: str, row: str, fragment: int, minibatch: int, iterations: int) -> float:
+    if row == "2 independent":
+        procs = [launch(script, 1, iterations, fragment, minibatch, True) for _ in range(2)]
+        return sum(result(p) for p in procs)
+    devices = 1 if row == "1 rank" else 2
+    return result(launch(script, devices, iterations, fragment, minibatch, row != "2 ranks, no pinning"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    start = time.time()
+    rates = {(c, r): [] for c in CONFIGS for r in ROWS}
     with tempfile.TemporaryDirectory() as tmp:
         # A file, not `python -c`: Lightning's DDP launcher re-runs sys.argv for the other ranks.
         script = os.path.join(tmp, "ddp_scaling_worker.py")
         with open(script, "w") as f:
             f.write(WORKER)
-        proc = subprocess.run([sys.executable, script, str(devices), str(iterations)], env=env,
-                              capture_output=True, text=True, timeout=1800)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"{devices}-rank run failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
-    return json.loads(lines[-1][len("RESULT "):])["env_steps_per_s"]
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--iterations", type=int, default=30)
-    parser.add_argument("--repeats", type=int, default=2)
-    args = parser.parse_args()
-    rates: dict[int, list[float]] = {1: [], 2: []}
-    start = time.time()
-    for _ in range(args.repeats):  # alternate so load changes hit both alike
-        for devices in (1, 2):
-            rates[devices].append(run(devices, args.iterations))
-            print(f"{devices} rank(s): {rates[devices][-1]:,.0f} global env steps/s", flush=True)
-    one, two = statistics.mean(rates[1]), statistics.mean(rates[2])
-    print(f"\nPPO CartPole, 64 envs x 32 steps per rank, 4 epochs, minibatch 512, gloo on {os.cpu_count()} cores")
-    print(f"  1 rank : {one:>10,.0f} env steps/s")
-    print(f"  2 ranks: {two:>10,.0f} env steps/s")
-    print(f"  scaling: {two / one:.2f}x  (target >= 1.7x)   [{time.time() - start:.0f} s]")
-    print(json.dumps({"benchmark": "ddp_scaling", "env_steps_per_s_1_rank": round(one, 1),
-                      "env_steps_per_s_2_ranks": round(two, 1), "ratio": round(two / one, 3),
-                      "runs_1_rank": [round(r, 1) for r in rates[1]], "runs_2_ranks": [round(r, 1) for r in rates[2]]}))
+        for _ in range(args.repeats):  # interleaved, so load changes hit every row alike
+            for config, (fragment, minibatch, iterations) in CONFIGS.items():
+                for row in ROWS:
+                    rates[config, row].append(run(script, row, fragment, minibatch, iterations))
+                    print(f"{config:<36} {row:<20} {rates[config, row][-1]:>9,.0f} env steps/s", flush=True)
+    mean = {key: statistics.median(values) for key, values in rates.items()}  # robust to a noisy neighbour
+    print(f"\nPPO CartPole, 64 envs per rank, 4 epochs of 4 minibatches, gloo on {os.cpu_count()} cores "
+          f"(median global env steps/s, ratio to 1 rank)")
+    figures = {}
+    for config in CONFIGS:
+        one = mean[config, "1 rank"]
+        print(f"  {config}")
+        for row in ROWS:
+            print(f"    {row:<20} {mean[config, row]:>9,.0f}   {mean[config, row] / one:.2f}x")
+        figures[config] = {row: {"env_steps_per_s": round(mean[config, row], 1),
+                                 "ratio": round(mean[config, row] / one, 3),
+                                 "runs": [round(r, 1) for r in rates[config, row]]} for row in ROWS}
+    print(f"  target: 2 ranks >= 1.7x   [{time.time() - start:.0f} s]")
+    print(json.dumps({"benchmark": "ddp_scaling", "configs": figures}))
 
 
 if __name__ == "__main__":
