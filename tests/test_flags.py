@@ -199,6 +199,17 @@ def test_num_cpu_threads_set_during_fit_and_restored(threads):
     assert torch.get_num_threads() == 3
 
 
+def test_num_cpu_threads_restored_when_fit_fails():
+    class Failing(PPO):
+        def training_step(self, batch, batch_idx):
+            raise RuntimeError("boom")
+
+    torch.set_num_threads(3)
+    with pytest.raises(RuntimeError, match="boom"):
+        fit_iterations(Failing(**{**BASE, "num_cpu_threads": 1}), 1)
+    assert torch.get_num_threads() == 3
+
+
 def test_rank_cpus_splits_the_available_cpus():
     assert rank_cpus({0, 1}, 0, 2) == {0} and rank_cpus({0, 1}, 1, 2) == {1}
     assert rank_cpus(set(range(8)), 1, 2) == {4, 5, 6, 7}

@@ -93,6 +93,14 @@ def set_process_affinity(cpus: set[int]) -> None:
             pass
 
 
+class _RestoreProcessSettings(pl.Callback):
+    """A failed or interrupted ``fit`` skips ``on_fit_end``: give the process its threads and CPUs back."""
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        if isinstance(pl_module, RLModule):
+            pl_module.restore_process_settings()
+
+
 class _GreedyPolicy(nn.Module):
     """``obs -> greedy actions`` of a policy, as one traceable forward."""
 
@@ -381,6 +389,11 @@ class RLModule(pl.LightningModule):
             fit_loop.max_epochs = -1
 
     def on_fit_end(self) -> None:
+        self.restore_process_settings()
+
+    def restore_process_settings(self) -> None:
+        """Undo what ``fit`` changed in the process (torch threads, CPU pinning); also run
+        when ``fit`` fails, which never reaches ``on_fit_end``."""
         if self._saved_num_threads is not None:
             torch.set_num_threads(self._saved_num_threads)
             self._saved_num_threads = None
@@ -419,7 +432,7 @@ class RLModule(pl.LightningModule):
 
         present = {type(cb) for cb in self.trainer.callbacks} if self._trainer is not None else set()
         callbacks: list[pl.Callback] = [
-            cb() for cb in (LearnerInfoCallback, RolloutMetricsCallback) if cb not in present
+            cb() for cb in (LearnerInfoCallback, RolloutMetricsCallback, _RestoreProcessSettings) if cb not in present
         ]
         if self._trainer is not None:
             if InterruptCheckpoint not in present:
