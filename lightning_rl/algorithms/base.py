@@ -329,13 +329,13 @@ class RLModule(pl.LightningModule):
         c["num_agent_steps_trained"] += trained
         c["num_iterations"] += 1
         self.on_iteration_end(learner_info)
-        self.global_counters = self._sum_over_ranks(c)
+        self.global_counters = self._counters_over_ranks(c)
         budget = self.hparams.get("total_env_steps")
         if budget is not None and self.global_counters["num_env_steps_sampled"] >= budget:
             self.trainer.should_stop = True
         return {"learner_info": learner_info, "learn_time_s": time.perf_counter() - start}
 
-    def _sum_over_ranks(self, counters: dict[str, int]) -> dict[str, int]:
+    def _counters_over_ranks(self, counters: dict[str, int]) -> dict[str, int]:
         if self.trainer.world_size == 1:
             return dict(counters)
         local = torch.tensor([counters[k] for k in COUNTER_NAMES], dtype=torch.float64, device=self.device)
