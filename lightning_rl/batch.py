@@ -23,7 +23,7 @@ Column names used across the library (``SampleBatch.OBS`` etc.):
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -172,12 +172,24 @@ class SampleBatch(dict):
         return f"SampleBatch(count={self.count}, {cols})"
 
 
+class Replay(Protocol):
+    """Where an off-policy learner draws its minibatches, one per gradient step, and returns
+    the priorities of exactly the rows it drew (``ReplayDataModule``)."""
+
+    prioritized_replay: bool
+
+    def sample_minibatch(self, policy_id: str, batch_size: int, beta: float | None = None) -> SampleBatch: ...
+
+    def update_priorities(self, policy_id: str, batch_indexes: Any, td_error: Any) -> None: ...
+
+
 class MultiAgentBatch:
     """Per-policy ``SampleBatch``es from ``env_steps`` environment steps.
 
     Learner code treats every batch as multi-agent; single-agent is the one-policy case.
     ``info`` carries what the sampler observed (episode returns, timings) for callbacks;
-    it is not training data.
+    it is not training data. ``replay`` (off-policy) is where the learner draws its
+    minibatches from, or ``None`` while it may not learn yet.
     """
 
     def __init__(
@@ -185,10 +197,12 @@ class MultiAgentBatch:
         policy_batches: dict[str, SampleBatch],
         env_steps: int,
         info: dict[str, Any] | None = None,
+        replay: Replay | None = None,
     ) -> None:
         self.policy_batches = policy_batches
         self.env_steps = int(env_steps)
         self.info: dict[str, Any] = info or {}
+        self.replay = replay
 
     @property
     def count(self) -> int:
@@ -205,6 +219,7 @@ class MultiAgentBatch:
             {pid: b.to(device, non_blocking) for pid, b in self.policy_batches.items()},
             self.env_steps,
             self.info,
+            self.replay,
         )
 
     def __repr__(self) -> str:

@@ -1,14 +1,31 @@
-"""Reading lightning_rl checkpoints safely (``weights_only=True``) with errors that name the file."""
+"""Checkpoints that never run code: safe reading, the algorithm registry, per-rank state.
+
+- Files are read with ``torch.load(weights_only=True)``; everything lightning_rl writes is
+  plain data (tensors, numbers, strings, containers), envs included (``data/env_state.py``).
+- The class that wrote a checkpoint is resolved from the algorithms defined in this process
+  (``algorithm_registry``), never by importing a module the file names.
+- Callable hyperparameters (an env factory, a lambda) cannot live in a file that loads
+  without code; they are saved as a ``"<callable module.name>"`` placeholder and must be
+  passed again when the checkpoint is loaded (``PPO.load_from_checkpoint(path, env=...)``).
+- Under DDP every rank's sampler state (envs, RNG, replay) is gathered into the one file
+  rank 0 writes, and each rank restores its own (``pack_rank_states``/``unpack_rank_state``).
+"""
 
 from __future__ import annotations
 
-import importlib
+import warnings
+from collections.abc import Callable
 from os import PathLike
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from lightning_fabric.plugins import CheckpointIO
+
+from lightning_rl.distributed import gather_to_rank_zero
+
+if TYPE_CHECKING:
+    from lightning_rl.algorithms.base import RLModule
 
 
 class CheckpointError(ValueError):
@@ -36,25 +53,59 @@ def read_checkpoint(path: str | PathLike[str]) -> dict[str, Any]:
     return checkpoint
 
 
+# ----------------------------------------------------------------------------- the algorithm registry
+def class_path(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def algorithm_registry() -> dict[str, type[RLModule]]:
+    """Every concrete ``RLModule`` subclass defined in this process, by ``module.QualName``.
+
+    Classes get here by being defined (imported by the user's own code), never because a
+    checkpoint names them."""
+    from lightning_rl.algorithms.base import RLModule
+
+    found: dict[str, type[RLModule]] = {}
+    stack = list(RLModule.__subclasses__())
+    while stack:
+        cls = stack.pop()
+        stack.extend(cls.__subclasses__())
+        found[class_path(cls)] = cls
+    return found
+
+
 def algorithm_path(checkpoint: dict[str, Any]) -> str | None:
     """``module.Class`` of the algorithm that wrote the checkpoint, when recorded."""
     return checkpoint.get("lightning_rl", {}).get("algorithm")
 
 
-def algorithm_class(checkpoint: dict[str, Any]) -> type | None:
-    """The algorithm class that wrote the checkpoint (imported from ``algorithm_path``)."""
+def resolve_algorithm(name: str) -> type[RLModule]:
+    """The algorithm class for ``name`` — ``module.QualName`` or a unique class name like
+    ``"PPO"`` — among the classes defined in this process."""
+    registry = algorithm_registry()
+    if name in registry:
+        return registry[name]
+    by_name = [cls for path, cls in registry.items() if path.rsplit(".", 1)[-1].lower() == name.lower()]
+    if len(by_name) == 1:
+        return by_name[0]
+    known = ", ".join(sorted({p.rsplit(".", 1)[-1] for p in registry}))
+    raise CheckpointError(
+        f"algorithm {name!r} is not defined in this process (known: {known}); lightning_rl never imports a "
+        "module a checkpoint names: import the module that defines it first"
+    )
+
+
+def algorithm_class(checkpoint: dict[str, Any]) -> type[RLModule] | None:
+    """The algorithm class that wrote the checkpoint, from the registry (``None`` if unrecorded)."""
     name = algorithm_path(checkpoint)
-    if not name:
-        return None
-    module, _, cls = name.rpartition(".")
-    return getattr(importlib.import_module(module), cls)
+    return resolve_algorithm(name) if name else None
 
 
 def check_compatible(path: str | PathLike[str], module: torch.nn.Module) -> dict[str, Any]:
     """Raise ``CheckpointError`` naming ``path`` unless it is a readable checkpoint of ``type(module)``."""
     checkpoint = read_checkpoint(path)
     written_by = algorithm_path(checkpoint)
-    expected = f"{type(module).__module__}.{type(module).__qualname__}"
+    expected = class_path(type(module))
     if written_by is not None and written_by != expected:
         raise CheckpointError(f"checkpoint {str(path)!r} was written by {written_by}, not {expected}")
     missing = set(module.state_dict()) ^ set(checkpoint["state_dict"])
@@ -87,3 +138,67 @@ class CheckedCheckpointIO(CheckpointIO):
 
     def teardown(self) -> None:
         self.inner.teardown()
+
+
+# ----------------------------------------------------------------------------- callable hyperparameters
+_PLACEHOLDER = "<callable {}>"
+
+
+def callable_placeholder(fn: Callable[..., Any]) -> str:
+    """What a checkpoint keeps of a callable hyperparameter: its name, for the error message."""
+    target = getattr(fn, "func", fn)  # functools.partial
+    name = f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', type(target).__name__)}"
+    return _PLACEHOLDER.format(name)
+
+
+def is_callable_placeholder(value: Any) -> bool:
+    return isinstance(value, str) and value.startswith("<callable ") and value.endswith(">")
+
+
+def check_not_placeholder(name: str, value: Any) -> None:
+    """A hyperparameter restored from a checkpoint as a placeholder: the callable must be given again."""
+    if is_callable_placeholder(value):
+        raise ValueError(
+            f"{name}={value}: the checkpoint was trained with this callable, which a checkpoint cannot hold "
+            f"(loading one never runs code). Pass it again, e.g. Algo.load_from_checkpoint(path, {name}=...) "
+            f"or --model.{name} on the command line"
+        )
+
+
+# ----------------------------------------------------------------------------- per-rank state
+def pack_rank_states(local: dict[str, Any], interrupted: bool = False) -> dict[str, Any]:
+    """Every rank's ``local`` state for the checkpoint rank 0 writes: ``{"world_size", "ranks"}``.
+
+    Must be called on every rank together (it gathers), except when ``interrupted``: a
+    Ctrl-C may reach one rank only, so that checkpoint keeps this rank's state alone and a
+    resume from it re-seeds the samplers (``unpack_rank_state``)."""
+    from lightning_rl.distributed import world_size
+
+    size = world_size()
+    ranks = [local] if interrupted or size == 1 else gather_to_rank_zero(local)
+    return {"world_size": size, "ranks": ranks}
+
+
+def unpack_rank_state(
+    packed: dict[str, Any] | None, rank: int, world_size: int, what: str, warn: bool = True
+) -> dict[str, Any] | None:
+    """This rank's state from ``pack_rank_states``; ``None`` — with a warning when resuming a
+    fit (``warn``) — when the checkpoint holds no state for it (another world size, an
+    interrupted DDP run): the caller then re-seeds. Outside a fit (loading weights for
+    inference) rank 0's state is taken silently."""
+    if not packed:
+        return None
+    ranks = packed.get("ranks") or []
+    if packed.get("world_size") == world_size and len(ranks) == world_size:
+        return ranks[rank]
+    if not warn:
+        return ranks[0] if ranks else None
+    if rank == 0:
+        warnings.warn(
+            f"the checkpoint holds the {what} of {len(ranks)} of {packed.get('world_size')} ranks, and this run has "
+            f"{world_size}: weights, optimizer state and global counters are restored, but each rank's {what} "
+            "restarts from fresh episodes seeded by seed + 1000 * rank + the restored iteration count, so the "
+            "run will not match an uninterrupted one exactly",
+            stacklevel=2,
+        )
+    return None

@@ -11,25 +11,86 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
 from pytorch_lightning.cli import LightningCLI
 
-import lightning_rl  # noqa: F401  (imports every algorithm so --model PPO resolves)
+import lightning_rl  # noqa: F401  (defines every algorithm, so --model PPO and checkpoints resolve)
 from lightning_rl.algorithms.base import RLModule
+from lightning_rl.checkpoint import (
+    CheckpointError,
+    algorithm_class,
+    class_path,
+    is_callable_placeholder,
+    read_checkpoint,
+)
 
 TOOLS = ("plot", "record")
 
 
+class RLCLI(LightningCLI):
+    """Lightning's CLI with two differences that keep runs reproducible and checkpoints safe:
+
+    - the model's ``seed`` follows ``--seed_everything`` when it is not given itself;
+    - ``--ckpt_path`` fills in the model's class and hyperparameters from any lightning_rl
+      checkpoint (not only the CLI's own), read with ``weights_only=True``, with the class
+      taken from the algorithms defined in this process, never imported because a file
+      names it. A callable hyperparameter (an env factory) is not in the file: pass it
+      again (``--model.env ...``).
+    """
+
+    def __init__(self, *args: Any, argv: list[str] | None = None, **kwargs: Any) -> None:
+        self._argv = list(sys.argv[1:] if argv is None else argv)
+        super().__init__(*args, args=argv, **kwargs)
+
+    def _parse_ckpt_path(self) -> None:
+        subcommand = self.config.get("subcommand")
+        if not subcommand:
+            return
+        ckpt_path = self.config[subcommand].get("ckpt_path")
+        if not ckpt_path or not Path(ckpt_path).is_file():
+            return
+        try:
+            checkpoint = read_checkpoint(ckpt_path)
+            cls = algorithm_class(checkpoint)
+        except CheckpointError as err:
+            self.parser.error(str(err))
+        hparams = {k: v for k, v in checkpoint.get("hyper_parameters", {}).items() if not k.startswith("_")}
+        for name, value in list(hparams.items()):
+            if not is_callable_placeholder(value):
+                continue
+            if not any(a == f"--model.{name}" or a.startswith(f"--model.{name}=") for a in self._argv):
+                self.parser.error(
+                    f"checkpoint {ckpt_path!r} was trained with {name}={value}, which a checkpoint cannot hold "
+                    f"(loading one never runs code): pass it again with --model.{name}"
+                )
+            del hparams[name]  # the command line's value stands
+        if cls is None:
+            return
+        model = {"class_path": class_path(cls), "init_args": hparams}
+        self.config = self.parser.parse_object({subcommand: {"model": model}}, self.config)
+
+    def before_instantiate_classes(self) -> None:
+        subcommand = self.config.get("subcommand")
+        config = self.config[subcommand] if subcommand else self.config
+        seed = config.get("seed_everything")
+        model = config.get("model")
+        init_args = getattr(model, "init_args", None)
+        seeded = isinstance(seed, int) and not isinstance(seed, bool)
+        if seeded and init_args is not None and init_args.get("seed") is None:
+            init_args.seed = seed
+
+
 def cli(args: list[str] | None = None, run: bool = True, **kwargs: Any) -> LightningCLI:
     """Lightning's CLI with any ``RLModule`` subclass as the model (``--model PPO``)."""
-    return LightningCLI(
+    return RLCLI(
         RLModule,
         subclass_mode_model=True,
         auto_configure_optimizers=False,  # each algorithm configures its own optimizers
         save_config_kwargs={"overwrite": True},
         parser_kwargs={"prog": "lightning-rl"},
-        args=args,
+        argv=args,
         run=run,
         **kwargs,
     )
@@ -54,17 +115,20 @@ def main(args: list[str] | None = None) -> int:
 
 
 def _with_model_from_checkpoint(argv: list[str]) -> list[str]:
-    """``validate/test/predict --ckpt_path X`` with no model given: take the model class from
-    the checkpoint (Lightning then fills in its saved hyperparameters)."""
+    """``validate/test/predict --ckpt_path X`` with no model given: the model class from the
+    checkpoint (resolved among the algorithms defined here; its hyperparameters follow in
+    ``RLCLI._parse_ckpt_path``)."""
     if not argv or argv[0] not in ("validate", "test", "predict") or "--ckpt_path" not in argv:
         return argv
     if any(a in ("-c", "--config", "--model") or a.startswith(("--model=", "--config=")) for a in argv[1:]):
         return argv
-    from lightning_rl.checkpoint import algorithm_path, read_checkpoint
-
     path = argv[argv.index("--ckpt_path") + 1]
-    name = algorithm_path(read_checkpoint(path))
-    return argv if name is None else [argv[0], "--model", name, *argv[1:]]
+    try:
+        cls = algorithm_class(read_checkpoint(path))
+    except CheckpointError as err:
+        print(f"lightning-rl {argv[0]}: error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    return argv if cls is None else [argv[0], "--model", class_path(cls), *argv[1:]]
 
 
 if __name__ == "__main__":

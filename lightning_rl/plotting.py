@@ -7,10 +7,25 @@ Reads the metrics that training writes, from either logger Lightning ships:
 
 A *run* is one ``metrics.csv`` file, or one directory holding event files. Each log dir
 given may hold one run or several (e.g. ``runs/`` with ``seed0/version_0``,
-``seed1/version_0``, ...). The runs of one line are taken as seeds of the same
-experiment: their curves are interpolated onto a common env-step grid (where they all
-overlap) and drawn as the mean with a min–max (or ±std) band. With ``labels`` (one per
-log dir) each distinct label is its own line; log dirs sharing a label are pooled as seeds.
+``seed1/version_0``, ...), and every run under it that logged the metric is drawn. A run
+that did not log it (say the version dir of a ``lightning-rl validate`` run, which has only
+``val/…`` metrics) or has fewer than 2 points of it is skipped with a warning naming the
+run and what it has; when no run is left, it is a ``ValueError`` — never empty axes.
+
+The runs of one line are taken as seeds of the same experiment: their curves are
+interpolated onto a common env-step grid and drawn as the mean with a min–max (or ±std)
+band. With ``labels`` (one per log dir) each distinct label is its own line; log dirs
+sharing a label are pooled as seeds.
+
+Runs of different lengths (one stopped early, or still running): the mean and band cover
+only the env-step range that *every* run of the line covers, so at each step they are
+taken over all the runs and the legend's "mean of n runs" holds everywhere (a mean over
+whichever runs remain would jump when a run drops out). Nothing is cut away, though: the
+part of each run outside that common range is drawn as a thin line of the same colour, and
+a warning gives each run's first and last env step and the common range. Runs that share
+no range (say a run and its resumed continuation in the next version dir) are not seeds of
+one experiment: pooling them is a ``ValueError``; give them different labels.
+:func:`collect_curves` returns exactly what is drawn.
 
 Drawing needs matplotlib (``pip install matplotlib``, or the ``plot`` extra).
 
@@ -46,7 +61,9 @@ import argparse
 import csv
 import math
 import sys
+import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 from os import PathLike
 from pathlib import Path
 from typing import Literal
@@ -62,7 +79,7 @@ Source = Literal["auto", "csv", "tensorboard"]
 Band = Literal["minmax", "std", "none"]
 PathLikeStr = str | PathLike[str]
 
-__all__ = ["DEFAULT_METRIC", "find_runs", "load_curve", "main", "plot_curves"]
+__all__ = ["DEFAULT_METRIC", "Curve", "collect_curves", "find_runs", "load_curve", "main", "plot_curves"]
 
 
 # ----------------------------------------------------------------------------- finding runs
@@ -139,9 +156,13 @@ def _read_run(run: Path, metric: str) -> tuple[np.ndarray, np.ndarray]:
     return steps, values
 
 
-def _missing_metric(metric: str, where: Path, available: Sequence[str]) -> ValueError:
-    names = ", ".join(sorted(available)) or "(none)"
-    return ValueError(f"metric {metric!r} not found in {str(where)!r}; available metrics: {names}")
+class _MetricMissing(ValueError):
+    """``metric`` was not logged in a run; ``available`` is what was."""
+
+    def __init__(self, metric: str, where: Path, available: Sequence[str]) -> None:
+        self.available = sorted(available)
+        names = ", ".join(self.available) or "(none)"
+        super().__init__(f"metric {metric!r} not found in {str(where)!r}; available metrics: {names}")
 
 
 def _read_csv(path: Path, metric: str) -> list[tuple[int, float]]:
@@ -151,7 +172,7 @@ def _read_csv(path: Path, metric: str) -> list[tuple[int, float]]:
         if "step" not in fields:
             raise ValueError(f"{str(path)!r} has no 'step' column; columns: {', '.join(fields) or '(none)'}")
         if metric not in fields:
-            raise _missing_metric(metric, path, [c for c in fields if c not in ("step", "epoch")])
+            raise _MetricMissing(metric, path, [c for c in fields if c not in ("step", "epoch")])
         pairs = []
         for row in reader:
             value, step = row.get(metric), row.get("step")
@@ -178,30 +199,146 @@ def _read_tensorboard(run: Path, metric: str) -> list[tuple[int, float]]:
     acc.Reload()
     tags = acc.Tags().get("scalars", [])
     if metric not in tags:
-        raise _missing_metric(metric, run, tags)
+        raise _MetricMissing(metric, run, tags)
     return [(int(e.step), float(e.value)) for e in acc.Scalars(metric)]
 
 
 # ----------------------------------------------------------------------------- pooling seeds
-def _common_grid(curves: Sequence[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
-    """Env steps where every curve is defined: the union of their steps within the overlap."""
-    lo = max(int(s[0]) for s, _ in curves)
-    hi = min(int(s[-1]) for s, _ in curves)
-    if lo > hi:
-        return np.empty(0, dtype=np.int64)
-    grid = np.unique(np.concatenate([s[(s >= lo) & (s <= hi)] for s, _ in curves]))
+MIN_POINTS = 2  # fewer points than this draw no line
+
+
+@dataclass(frozen=True, eq=False)
+class Curve:
+    """One line of the plot: the runs pooled under ``label`` as seeds of one experiment.
+
+    ``values[i]`` is run ``runs[i]`` on the env-step grid ``steps`` (interpolated), so
+    :attr:`mean` and :meth:`band` are taken over every run at every step. A line of one run
+    is that run's own points. When the runs cover different env-step ranges, ``steps``
+    spans only the range they all cover, and ``outside`` holds the rest of each run as
+    ``(run, steps, values)`` pieces (before and/or after that range, each including the
+    run's value at the range's edge, so its thin line continues the run's part of the mean).
+    """
+
+    label: str
+    runs: tuple[Path, ...]
+    steps: np.ndarray
+    values: np.ndarray
+    outside: tuple[tuple[Path, np.ndarray, np.ndarray], ...] = ()
+
+    @property
+    def mean(self) -> np.ndarray:
+        """The mean over the runs at each of ``steps``."""
+        return self.values.mean(axis=0)
+
+    def band(self, kind: Band = "minmax") -> tuple[np.ndarray, np.ndarray] | None:
+        """``(low, high)`` around :attr:`mean`: min and max, or mean ± std; ``None`` for ``"none"``."""
+        if kind == "none":
+            return None
+        if kind == "minmax":
+            return self.values.min(axis=0), self.values.max(axis=0)
+        if kind == "std":
+            mean, std = self.mean, self.values.std(axis=0)
+            return mean - std, mean + std
+        raise ValueError(f"band must be 'minmax', 'std' or 'none', got {kind!r}")
+
+
+def collect_curves(
+    log_dirs: PathLikeStr | Sequence[PathLikeStr],
+    metric: str = DEFAULT_METRIC,
+    labels: Sequence[str] | None = None,
+    source: Source = "auto",
+) -> list[Curve]:
+    """The lines :func:`plot_curves` draws: one :class:`Curve` per distinct label (one in all without labels).
+
+    Every run under ``log_dirs`` with at least 2 points of ``metric`` is used. Warns
+    (``UserWarning``) for each run skipped, naming it and the metrics it has, for a label
+    left with no run, and for a line whose runs cover different env-step ranges (see the
+    module docstring). Raises ``ValueError`` when no run has ``metric`` to draw, when the
+    runs of one line share no env-step range, or on bad ``labels``; ``FileNotFoundError``
+    when a log dir holds no log files.
+    """
+    log_dirs = _as_list(log_dirs)
+    if labels is not None and len(labels) != len(log_dirs):
+        raise ValueError(f"got {len(labels)} labels for {len(log_dirs)} log dirs; give one label per log dir")
+    groups: dict[str, list[tuple[Path, np.ndarray, np.ndarray]]] = {}
+    missing: list[Path] = []
+    too_short: list[Path] = []
+    others: set[str] = set()
+    for i, log_dir in enumerate(log_dirs):
+        group = groups.setdefault(labels[i] if labels is not None else "", [])
+        for run in find_runs(log_dir, source):
+            try:
+                steps, values = _read_run(run, metric)
+            except _MetricMissing as err:
+                missing.append(run)
+                others.update(err.available)
+                names = ", ".join(err.available) or "(none)"
+                warnings.warn(f"skipping {str(run)!r}: it has no metric {metric!r}; its metrics: {names}",
+                              UserWarning, stacklevel=2)
+                continue
+            if len(steps) < MIN_POINTS:
+                too_short.append(run)
+                at = f" (at env step {steps[0]})" if len(steps) else ""
+                warnings.warn(f"skipping {str(run)!r}: it has {len(steps)} point(s) of {metric!r}{at}, "
+                              f"fewer than the {MIN_POINTS} a curve needs", UserWarning, stacklevel=2)
+                continue
+            group.append((run, steps, values))
+    if not any(groups.values()):
+        dirs = ", ".join(repr(str(d)) for d in log_dirs)
+        why = []
+        if missing:
+            why.append(f"{len(missing)} run(s) do not log it (they log: {', '.join(sorted(others)) or 'nothing'})")
+        if too_short:
+            why.append(f"{len(too_short)} run(s) have fewer than {MIN_POINTS} points of it")
+        raise ValueError(f"no run under {dirs} has metric {metric!r} to plot: {'; '.join(why)}")
+    curves = []
+    for label, runs in groups.items():
+        if runs:
+            curves.append(_pool(label, runs))
+        else:
+            warnings.warn(f"no line for label {label!r}: none of its runs has {metric!r} to plot",
+                          UserWarning, stacklevel=2)
+    return curves
+
+
+def _as_list(log_dirs: PathLikeStr | Sequence[PathLikeStr]) -> list[PathLikeStr]:
+    if isinstance(log_dirs, str | PathLike):
+        log_dirs = [log_dirs]
+    log_dirs = list(log_dirs)
+    if not log_dirs:
+        raise ValueError("plotting needs at least one log dir")
+    return log_dirs
+
+
+def _pool(label: str, runs: Sequence[tuple[Path, np.ndarray, np.ndarray]]) -> Curve:
+    """The runs of one line on the env-step grid they all cover, plus what lies outside it."""
+    if len(runs) == 1:
+        run, steps, values = runs[0]
+        return Curve(label, (run,), steps, values[None, :])
+    name = f"the {len(runs)} runs" + (f" of {label!r}" if label else "")
+    spans = ", ".join(f"{str(run)!r} [{s[0]}, {s[-1]}]" for run, s, _ in runs)
+    lo = max(int(s[0]) for _, s, _ in runs)
+    hi = min(int(s[-1]) for _, s, _ in runs)
+    if lo >= hi:
+        raise ValueError(f"{name} share no env-step range, so they cannot be pooled as seeds "
+                         f"(env steps {spans}); give them different labels or plot them apart")
+    grid = np.unique(np.concatenate([s[(s >= lo) & (s <= hi)] for _, s, _ in runs]))
     if len(grid) > MAX_GRID_POINTS:
         grid = np.linspace(lo, hi, MAX_GRID_POINTS)
-    return grid
-
-
-def _pool(curves: Sequence[tuple[np.ndarray, np.ndarray]], label: str) -> tuple[np.ndarray, np.ndarray]:
-    """``(grid, values [num_runs, len(grid)])`` of several seeds interpolated onto one grid."""
-    grid = _common_grid(curves)
-    if len(grid) == 0:
-        spans = ", ".join(f"[{s[0]}, {s[-1]}]" for s, _ in curves)
-        raise ValueError(f"the runs of {label!r} share no env-step range (their spans: {spans})")
-    return grid, np.stack([np.interp(grid, s, v) for s, v in curves])
+    values = np.stack([np.interp(grid, s, v) for _, s, v in runs])
+    outside = []
+    for run, s, v in runs:
+        if s[0] < lo:
+            before = s < lo
+            outside.append((run, np.append(s[before], lo), np.append(v[before], np.interp(lo, s, v))))
+        if s[-1] > hi:
+            after = s > hi
+            outside.append((run, np.insert(s[after], 0, hi), np.insert(v[after], 0, np.interp(hi, s, v))))
+    if outside:
+        warnings.warn(f"{name} cover different env-step ranges (first and last env step: {spans}); the mean and "
+                      f"band are drawn over the range they all cover, [{lo}, {hi}], and the rest of each run "
+                      f"as a thin line", UserWarning, stacklevel=3)
+    return Curve(label, tuple(run for run, _, _ in runs), grid, values, tuple(outside))
 
 
 # ----------------------------------------------------------------------------- drawing
@@ -220,51 +357,34 @@ def plot_curves(
     ``labels`` (one per log dir) each distinct label is one line, pooling the runs under
     the log dirs that carry it. A line of several runs is their mean on a common env-step
     grid with a ``band`` of ``"minmax"`` (default), ``"std"`` (mean ± one std) or
-    ``"none"``; a line of one run is that run. Errors as in :func:`load_curve`.
+    ``"none"``; a line of one run is that run. The lines are :func:`collect_curves`'s,
+    with its warnings and errors.
     """
-    if isinstance(log_dirs, str | PathLike):
-        log_dirs = [log_dirs]
-    log_dirs = list(log_dirs)
-    if not log_dirs:
-        raise ValueError("plot_curves needs at least one log dir")
     if band not in ("minmax", "std", "none"):
         raise ValueError(f"band must be 'minmax', 'std' or 'none', got {band!r}")
-    if labels is not None and len(labels) != len(log_dirs):
-        raise ValueError(f"got {len(labels)} labels for {len(log_dirs)} log dirs; give one label per log dir")
     figure_cls, canvas_cls, ticker = _matplotlib()
-
-    groups: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
-    for i, log_dir in enumerate(log_dirs):
-        label = labels[i] if labels is not None else ""
-        for run in find_runs(log_dir, source):
-            steps, values = _read_run(run, metric)
-            if len(steps) == 0:
-                raise ValueError(f"metric {metric!r} has no values in {str(run)!r}")
-            groups.setdefault(label, []).append((steps, values))
+    curves = collect_curves(log_dirs, metric, labels, source)
 
     fig = figure_cls(figsize=(7.0, 4.2), dpi=100)
     canvas_cls(fig)
     ax = fig.add_subplot()
-    band_labelled = False
-    for label, curves in groups.items():
-        n = len(curves)
+    band_labelled = outside_labelled = False
+    for curve in curves:
+        n = len(curve.runs)
         if n == 1:
-            steps, values = curves[0]
-            ax.plot(steps, values, linewidth=1.6, label=label or None)
+            ax.plot(curve.steps, curve.values[0], linewidth=1.6, label=curve.label or None)
             continue
-        name = f"{label} (mean of {n} runs)" if label else f"mean of {n} runs"
-        grid, stacked = _pool(curves, label or "the runs")
-        mean = stacked.mean(axis=0)
-        (line,) = ax.plot(grid, mean, linewidth=1.8, label=name)
-        if band == "none":
+        name = f"{curve.label} (mean of {n} runs)" if curve.label else f"mean of {n} runs"
+        (line,) = ax.plot(curve.steps, curve.mean, linewidth=1.8, label=name)
+        for _, steps, values in curve.outside:
+            outside_name = None if outside_labelled else "single runs, outside the shared range"
+            ax.plot(steps, values, linewidth=0.8, alpha=0.7, color=line.get_color(), label=outside_name)
+            outside_labelled = True
+        low_high = curve.band(band)
+        if low_high is None:
             continue
-        if band == "minmax":
-            low, high = stacked.min(axis=0), stacked.max(axis=0)
-        else:
-            std = stacked.std(axis=0)
-            low, high = mean - std, mean + std
         band_name = None if band_labelled else ("min–max" if band == "minmax" else "± std")
-        ax.fill_between(grid, low, high, color=line.get_color(), alpha=0.2, linewidth=0, label=band_name)
+        ax.fill_between(curve.steps, *low_high, color=line.get_color(), alpha=0.2, linewidth=0, label=band_name)
         band_labelled = True
     ax.xaxis.set_major_formatter(ticker.EngFormatter())  # 100 k rather than 100000
     ax.set_xlabel("env steps")
@@ -310,12 +430,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def run_from_args(args: argparse.Namespace) -> int:
-    """Run the parsed ``plot`` arguments; prints where the image was written. Returns an exit code."""
-    try:
-        out = plot_curves(args.log_dir, args.out, metric=args.metric, labels=args.labels, title=args.title,
-                          band=args.band, source=args.source)
-    except (FileNotFoundError, ValueError, ImportError) as err:
-        print(f"lightning-rl plot: error: {err}", file=sys.stderr)
+    """Run the parsed ``plot`` arguments; prints where the image was written. Returns an exit code.
+
+    The warnings of :func:`collect_curves` (runs skipped, ranges that differ) go to stderr
+    as ``lightning-rl plot: warning: ...`` lines, errors as one ``error:`` line (exit 1).
+    """
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            out = plot_curves(args.log_dir, args.out, metric=args.metric, labels=args.labels, title=args.title,
+                              band=args.band, source=args.source)
+        except (FileNotFoundError, ValueError, ImportError) as err:
+            failure: Exception | None = err
+        else:
+            failure = None
+    for warning in caught:
+        print(f"lightning-rl plot: warning: {warning.message}", file=sys.stderr)
+    if failure is not None:
+        print(f"lightning-rl plot: error: {failure}", file=sys.stderr)
         return 1
     print(f"wrote {out}")
     return 0

@@ -15,16 +15,17 @@ import sys
 import warnings
 from os import PathLike
 from pathlib import Path
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import torch
 
 from lightning_rl.algorithms.base import RLModule
-from lightning_rl.checkpoint import algorithm_class, read_checkpoint
+from lightning_rl.checkpoint import algorithm_class, read_checkpoint, resolve_algorithm
 from lightning_rl.data.envs import EnvSpec
 
-__all__ = ["algorithm_classes", "load_model", "main", "make_render_env", "record"]
+__all__ = ["load_model", "main", "make_render_env", "record"]
 
 PathLikeStr = str | PathLike[str]
 
@@ -103,7 +104,7 @@ def record(
 ) -> list[float]:
     """Play ``num_episodes`` greedy episodes and write their frames to the animated GIF ``out``.
 
-    ``env`` defaults to the model's own (``model.hparams.env``); see :func:`make_render_env`.
+    ``env`` defaults to the model's own (``model.env_spec``); see :func:`make_render_env`.
     ``seed`` seeds the first reset (the later episodes follow from it). Actions are
     ``model.compute_actions(obs[None], explore=False)[0]``, clipped to the bounds of a
     ``Box`` action space. The GIF holds at most ``max_frames`` frames (the reset frame of
@@ -118,7 +119,7 @@ def record(
     if not fps > 0:
         raise ValueError(f"fps must be positive, got {fps}")
     out = Path(out)
-    spec = env if env is not None else model.hparams.env
+    spec = env if env is not None else model.env_spec
     policy_kwargs = {} if policy_id is None else {"policy_id": policy_id}
     render_env = make_render_env(spec)
     frames: list[np.ndarray] = []
@@ -157,49 +158,30 @@ def record(
 
 
 # ----------------------------------------------------------------------------- checkpoints
-def algorithm_classes() -> dict[str, type[RLModule]]:
-    """The algorithms exported by ``lightning_rl`` (``PPO``, ``A2C``, ``DQN``, ``SAC``, ...) by name."""
-    import lightning_rl
-
-    found = {}
-    for name in lightning_rl.__all__:
-        obj = getattr(lightning_rl, name, None)
-        if inspect.isclass(obj) and issubclass(obj, RLModule) and obj is not RLModule:
-            found[obj.__name__] = obj
-    return found
-
-
-def load_model(ckpt_path: PathLikeStr, algo: str | type[RLModule] | None = None) -> RLModule:
+def load_model(ckpt_path: PathLikeStr, algo: str | type[RLModule] | None = None, **hparams: Any) -> RLModule:
     """Load a lightning_rl algorithm from a Lightning checkpoint (``trainer.save_checkpoint`` or
     ``ModelCheckpoint``), on the CPU.
 
     ``algo`` names the class (``"PPO"``, case-insensitive) or is the class itself; without it
-    the class is the one the checkpoint records. The file is read with ``weights_only=True``.
-    Raises ``FileNotFoundError`` for a missing file and ``CheckpointError`` (a ``ValueError``) for a file that is not a
-    lightning_rl checkpoint (both name it).
+    the class is the one the checkpoint records, looked up among the algorithms defined in
+    this process (nothing is imported because a file names it). The file is read with
+    ``weights_only=True``. ``hparams`` override saved hyperparameters — needed for a callable
+    ``env``, which a checkpoint does not hold. Raises ``FileNotFoundError`` for a missing file
+    and ``CheckpointError`` (a ``ValueError``) for a file that is not a lightning_rl checkpoint
+    or names an unknown algorithm (both name it).
     """
     path = Path(ckpt_path)
     if not path.is_file():
         what = "is a directory, not a file" if path.is_dir() else "does not exist"
         raise FileNotFoundError(f"checkpoint {str(path)!r} {what}")
-    classes = algorithm_classes()
     if algo is not None and not isinstance(algo, str):
         if not (inspect.isclass(algo) and issubclass(algo, RLModule)):
             raise TypeError(f"algo must be an algorithm name or an RLModule subclass, got {algo!r}")
-        cls: type[RLModule] | None = algo
-    elif algo is not None:
-        by_lower = {name.lower(): c for name, c in classes.items()}
-        cls = by_lower.get(algo.lower())
-        if cls is None:
-            raise ValueError(f"unknown algo {algo!r}; choose one of {', '.join(classes)}")
-    else:
-        cls = None
     # The same safe reader as resuming: weights_only=True, errors that name the file.
     checkpoint = read_checkpoint(path)
-    if cls is None:
-        cls = algorithm_class(checkpoint)
+    cls = resolve_algorithm(algo) if isinstance(algo, str) else algo or algorithm_class(checkpoint)
     del checkpoint
-    model = cls.load_from_checkpoint(path, map_location="cpu", weights_only=True)
+    model = cls.load_from_checkpoint(path, map_location="cpu", weights_only=True, **hparams)
     model.eval()
     return model
 
@@ -224,7 +206,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 def run_from_args(args: argparse.Namespace) -> int:
     """Run the parsed ``record`` arguments; prints where the GIF was written. Returns an exit code."""
     try:
-        model = load_model(args.ckpt_path, algo=args.algo)
+        model = load_model(args.ckpt_path, algo=args.algo, **({"env": args.env} if args.env else {}))
         returns = record(model, args.out, num_episodes=args.num_episodes, env=args.env, seed=args.seed,
                          fps=args.fps, max_frames=args.max_frames)
     except (FileNotFoundError, ValueError, TypeError, ImportError, gym.error.Error) as err:

@@ -2,8 +2,12 @@
 
     python tests/ddp_worker.py OUT_DIR MODE
 
-MODE ``check``: a few iterations of PPO CartPole; ``learn``: the 100k-step learning run;
-``uneven``: an env whose episodes end on rank 0 only.
+MODE ``check``: a few iterations of PPO CartPole (with an adaptive KL coefficient);
+``learn``: the 100k-step learning run; ``uneven``: an env whose episodes end on rank 0 only;
+``dqn``, ``dqn_uneven`` (the configuration where "enough data" used to differ between ranks),
+``sac``, ``a2c``: the other algorithms; ``resume-ALGO-PHASE`` (ALGO ``ppo``/``dqn``, PHASE
+``full``: 8192 global env steps, ``first``: the first 4096 then a checkpoint in OUT_DIR,
+``second``: resume from that checkpoint to 8192).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import torch
 from pytorch_lightning.loggers import CSVLogger
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from lightning_rl import DQN, PPO
+from lightning_rl import A2C, DQN, PPO, SAC
 
 logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
 warnings.filterwarnings("ignore")
@@ -57,6 +61,7 @@ class Recorder(pl.Callback):
         self.first_obs = None
         self.buffer_obs = None
         self.affinity = None
+        self.kl_coeff = None
 
     def on_train_end(self, trainer, pl_module):
         buffer = getattr(pl_module.active_datamodule, "buffer", None)
@@ -67,14 +72,28 @@ class Recorder(pl.Callback):
         self.affinity = affinity()
         if self.first_obs is None and "default_policy" in batch.policy_batches:
             self.first_obs = batch.policy_batches["default_policy"]["obs"][:4].tolist()
+        elif self.first_obs is None and batch.replay is not None:
+            self.first_obs = batch.replay.buffer._obs[:4].reshape(-1).tolist()
         stats = outputs["learner_info"].get("default_policy", {}).get("learner_stats", {})
         self.learner_stats.append({k: v for k, v in stats.items() if isinstance(v, float)})
+        self.kl_coeff = dict(getattr(pl_module, "kl_coeff", {}))
+
+
+RESUME = {
+    "ppo": (PPO, dict(env="CartPole-v1", num_envs=4, rollout_fragment_length=32, sgd_minibatch_size=64,
+                      num_sgd_iter=2, kl_coeff=0.2, iterations_per_epoch=8)),
+    "dqn": (DQN, dict(env="CartPole-v1", num_envs=2, learning_starts=256, train_freq=32, num_gradient_steps=4,
+                      train_batch_size=32, buffer_size=3000, hiddens=(32,), prioritized_replay=True,
+                      target_network_update_freq=256, iterations_per_epoch=16)),
+}
 
 
 def main(out: Path, mode: str) -> None:
     torch.set_num_threads(1)
     affinity_before = affinity()
     common = dict(seed=0, iterations_per_epoch=5)
+    trainer_kwargs = {}
+    ckpt_path = None
     if mode == "learn":
         model = PPO(env="CartPole-v1", num_envs=4, rollout_fragment_length=32, num_sgd_iter=20,
                     sgd_minibatch_size=128, lr=1e-3, lr_schedule="linear", clip_param_schedule="linear",
@@ -84,20 +103,41 @@ def main(out: Path, mode: str) -> None:
         model = DQN(env="CartPole-v1", learning_starts=64, train_freq=32, num_gradient_steps=4, train_batch_size=32,
                     buffer_size=2000, hiddens=(32,), prioritized_replay=True, total_env_steps=2 * 32 * 8,
                     target_network_update_freq=64, **common)
+    elif mode == "dqn_uneven":
+        model = DQN(env="CartPole-v1", num_envs=4, train_freq=16, num_gradient_steps=1, learning_starts=65,
+                    train_batch_size=114, buffer_size=2000, hiddens=(16,), total_env_steps=2 * 64 * 12, **common)
+    elif mode == "sac":
+        model = SAC(env="Pendulum-v1", learning_starts=32, train_batch_size=32, hiddens=(16,),
+                    total_env_steps=2 * 48, prioritized_replay=True, **common)
+    elif mode == "a2c":
+        model = A2C(env="CartPole-v1", num_envs=4, total_env_steps=2 * 4 * 5 * 6, **common)
     elif mode == "uneven":
         model = PPO(env=RankEnv, num_envs=2, rollout_fragment_length=8, sgd_minibatch_size=8,
                     total_env_steps=4 * 32, vectorization="sync", **common)
+    elif mode.startswith("resume-"):
+        _, algo, phase = mode.split("-")
+        cls, kwargs = RESUME[algo]
+        model = cls(**kwargs, seed=0, total_env_steps=8192)
+        if phase == "first":
+            trainer_kwargs["max_epochs"] = 2  # 2 epochs of 8 (ppo) or 16 (dqn) iterations: 4096 global env steps
+        elif phase == "second":
+            ckpt_path = out / "half.ckpt"
     else:
         model = PPO(env="CartPole-v1", num_envs=4, rollout_fragment_length=16, sgd_minibatch_size=32,
-                    num_sgd_iter=3, total_env_steps=4 * 2 * 64, **common)
+                    num_sgd_iter=3, total_env_steps=4 * 2 * 64, kl_coeff=0.2, kl_target=1e-4, **common)
     recorder = Recorder()
     trainer = pl.Trainer(
         strategy="ddp", devices=2, accelerator="cpu", logger=CSVLogger(out, name="csv"), log_every_n_steps=1,
         num_sanity_val_steps=0,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, callbacks=[recorder],
+        **trainer_kwargs,
     )
-    trainer.fit(model)
+    trainer.fit(model, ckpt_path=ckpt_path)
+    if mode.endswith("-first"):
+        trainer.save_checkpoint(out / "half.ckpt")  # every rank takes part: each one's sampler state is gathered
     params = torch.cat([p.detach().flatten() for p in model.parameters()])
+    dm_state = model.default_datamodule.state_dict()  # kept at teardown, gathered over ranks
+    last_obs = dm_state["ranks"][trainer.global_rank]["obs"].tolist() if trainer.global_rank == 0 else None
     (out / f"rank{trainer.global_rank}.json").write_text(json.dumps({
         "buffer_obs": recorder.buffer_obs,
         "affinity_before": affinity_before,
@@ -105,9 +145,12 @@ def main(out: Path, mode: str) -> None:
         "affinity_after": affinity(),
         "params": params.tolist(),
         "first_obs": recorder.first_obs,
+        "last_obs_rank0": last_obs,
+        "last_obs_all": [r["obs"].tolist() for r in dm_state["ranks"]] if dm_state["ranks"] else None,
         "counters": model.counters,
         "global_counters": model.global_counters,
         "learner_stats": recorder.learner_stats,
+        "kl_coeff": recorder.kl_coeff,
         "callback_metrics": {k: float(v) for k, v in trainer.callback_metrics.items()},
     }))
 

@@ -27,7 +27,7 @@ def run_ddp(tmp_path: Path, mode: str, timeout: int) -> tuple[dict, dict, list[d
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
-    (metrics,) = tmp_path.glob("csv/version_*/metrics.csv")
+    metrics = max(tmp_path.glob("csv/version_*/metrics.csv"), key=lambda p: int(p.parent.name.split("_")[1]))
     return ranks[0], ranks[1], list(csv.DictReader(metrics.open()))
 
 
@@ -39,6 +39,12 @@ def check_run(tmp_path_factory):
 def test_parameters_identical_on_both_ranks(check_run):
     r0, r1, _ = check_run
     assert r0["params"] == r1["params"]
+
+
+def test_kl_coeff_adapts_identically_on_every_rank(check_run):
+    r0, r1, _ = check_run
+    assert r0["kl_coeff"] == r1["kl_coeff"]  # adapted from the KL averaged over ranks
+    assert r0["kl_coeff"]["default_policy"] != 0.2  # it did adapt
 
 
 def test_ranks_sample_from_different_seeds(check_run):
@@ -86,7 +92,7 @@ def test_episodes_on_one_rank_only_neither_hang_nor_log_nan(tmp_path):
     assert r0["params"] == r1["params"]
 
 
-def test_dqn_under_ddp_each_rank_its_own_buffer(tmp_path):
+def test_dqn_under_ddp_each_rank_its_own_buffer_and_global_schedules(tmp_path):
     r0, r1, rows = run_ddp(tmp_path, "dqn", timeout=300)
     assert r0["params"] == r1["params"]
     assert r0["buffer_obs"] != r1["buffer_obs"]  # each rank filled its own buffer from its own envs
@@ -94,6 +100,61 @@ def test_dqn_under_ddp_each_rank_its_own_buffer(tmp_path):
     # learning starts on the 2nd of 8 iterations
     assert r0["counters"]["num_grad_updates"] == r1["counters"]["num_grad_updates"] == 4 * 7
     assert any(r.get("learner/default_policy/learner_stats/loss") for r in rows)
+    # PER beta and epsilon follow the global env steps sampled before each iteration, the same on both
+    # ranks: the last iteration starts at 448 of the 512 global steps, so beta = 0.4 + 0.6 * 448 / 512
+    for key in ("replay_beta", "cur_epsilon"):
+        assert [s[key] for s in r0["learner_stats"] if key in s] == [s[key] for s in r1["learner_stats"] if key in s]
+    assert r0["learner_stats"][-1]["replay_beta"] == pytest.approx(0.4 + 0.6 * 448 / 512)
+
+
+def test_off_policy_ranks_start_learning_together(tmp_path):
+    """The configuration where each rank used to decide "enough data to train" from its own buffer,
+    so one rank entered an all-reduce the other never reached (gloo aborted, NCCL would hang)."""
+    r0, r1, _ = run_ddp(tmp_path, "dqn_uneven", timeout=300)
+    assert r0["params"] == r1["params"]
+    assert r0["counters"]["num_grad_updates"] == r1["counters"]["num_grad_updates"] > 0
+
+
+@pytest.mark.parametrize("mode", ["sac", "a2c"])
+def test_algorithm_runs_under_plain_ddp(tmp_path, mode):
+    r0, r1, _ = run_ddp(tmp_path, mode, timeout=300)
+    assert r0["params"] == r1["params"]  # every optimizer step averaged its own gradients over the ranks
+    assert r0["counters"]["num_grad_updates"] == r1["counters"]["num_grad_updates"] > 0
+    assert r0["first_obs"] != r1["first_obs"]
+
+
+@pytest.fixture(scope="module", params=["ppo", "dqn"])
+def resumed_runs(request, tmp_path_factory):
+    algo = request.param
+    full = run_ddp(tmp_path_factory.mktemp(f"{algo}_full"), f"resume-{algo}-full", timeout=300)
+    halves = tmp_path_factory.mktemp(f"{algo}_halves")
+    first = run_ddp(halves, f"resume-{algo}-first", timeout=300)
+    second = run_ddp(halves, f"resume-{algo}-second", timeout=300)
+    return algo, full, first, second, halves / "half.ckpt"
+
+
+def test_ddp_resume_is_bit_identical_to_an_uninterrupted_run(resumed_runs):
+    algo, full, first, second, _ = resumed_runs
+    assert first[0]["global_counters"]["num_env_steps_sampled"] == 4096
+    assert full[0]["global_counters"]["num_env_steps_sampled"] == 8192
+    for rank in (0, 1):
+        assert second[rank]["counters"] == full[rank]["counters"], (algo, rank)
+        assert second[rank]["params"] == full[rank]["params"], (algo, rank)
+    assert second[0]["last_obs_all"] == full[0]["last_obs_all"]  # each rank's envs continued where they were
+    assert second[0]["last_obs_all"][0] != second[0]["last_obs_all"][1]  # ... and not from rank 0's state
+
+
+def test_resuming_a_ddp_checkpoint_on_one_process_reseeds_with_a_warning(resumed_runs):
+    algo, _, first, _, path = resumed_runs
+    from tests.conftest import quiet_trainer
+    from tests.ddp_worker import RESUME
+
+    cls, kwargs = RESUME[algo]
+    model = cls(**kwargs, seed=0, total_env_steps=8192 + 1024)
+    with pytest.warns(UserWarning, match=r"holds the .* of 2 of 2 ranks, and this run has 1.*restarts from fresh"):
+        quiet_trainer().fit(model, ckpt_path=path)
+    assert model.global_counters["num_env_steps_sampled"] >= 8192 + 1024
+    assert model.counters["num_iterations"] > first[0]["counters"]["num_iterations"]
 
 
 def test_ddp_ppo_cartpole_learns_within_the_same_global_budget(tmp_path):

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import numpy as np
+from pathlib import Path
+
 import pytest
 from pytorch_lightning.callbacks import EarlyStopping, ModelCheckpoint
 
@@ -40,12 +41,10 @@ def test_validation_logs_and_drives_checkpoint_and_early_stopping(tmp_path):
     trainer.fit(model)
     assert trainer.callback_metrics["val/episode_return_mean"] >= 8  # CartPole lasts at least 8 steps
     assert trainer.current_epoch == 2  # every CartPole return beats 1.0: stopped at the first evaluation
-    assert ckpt.best_model_path and ckpt.best_model_score is not None
+    assert Path(ckpt.best_model_path).is_file() and ckpt.best_model_score >= 8
 
 
 @pytest.mark.parametrize("bad", [0, -1])
-def test_bad_evaluation_interval(bad):
-    model = DQN(evaluation_interval=bad, total_env_steps=None, learning_starts=10, iterations_per_epoch=1)
+def test_bad_evaluation_interval_is_rejected_when_the_module_is_built(bad):
     with pytest.raises(ValueError, match="evaluation_interval must be positive"):
-        quiet_trainer(max_epochs=1).fit(model)
-    assert np.isfinite(model.counters["num_iterations"])
+        DQN(evaluation_interval=bad, total_env_steps=None, learning_starts=10, iterations_per_epoch=1)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import math
 from pathlib import Path
 
 import pytest
@@ -24,7 +23,8 @@ def load(name: str):
 )
 def test_example_runs_and_logs(name, steps, tmp_path):
     result = load(name).main(["--total-env-steps", str(steps), "--log-dir", str(tmp_path)])
-    assert math.isfinite(result)
+    low, high = (8, 500) if "cartpole" in name else (-2000, 0)  # a CartPole episode lasts >= 8 steps
+    assert low <= result <= high
     assert list(tmp_path.glob(f"{name}/version_0/events.out.tfevents.*"))
 
 

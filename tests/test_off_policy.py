@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_rl import DQN, SAC, MultiAgentBatch, ReplayDataModule, SampleBatch
+from lightning_rl import DQN, SAC, ReplayDataModule, SampleBatch
 from tests.conftest import fit_iterations, quiet_trainer
 
 SMALL = dict(env="CartPole-v1", seed=0, learning_starts=64, train_freq=32, num_gradient_steps=4,
@@ -17,13 +17,14 @@ def dqn(**kwargs) -> DQN:
     return DQN(**{**SMALL, **kwargs})
 
 
-def sampled_batch(model, iterations: int = 4) -> SampleBatch:
-    dm = model.build_datamodule()
+def sampled_batch(model, iterations: int = 4) -> tuple[SampleBatch, ReplayDataModule]:
+    """A replay minibatch of 128 rows after ``iterations`` sampling iterations, and the DataModule."""
+    dm = model.default_datamodule
     dm.connect(model)
     dm.setup("fit")
     for _ in range(iterations):
-        batch = dm.sample()
-    return batch.policy_batches["default_policy"], dm
+        dm.sample()
+    return dm.sample_minibatch("default_policy", 128, beta=0.4), dm
 
 
 def test_double_q_changes_the_targets():
@@ -40,14 +41,6 @@ def test_double_q_changes_the_targets():
     assert (td_b <= td_a + 1e-6).all()
 
 
-def test_dueling_adds_a_value_head():
-    plain, dueling = dqn(dueling=False), dqn(dueling=True)
-    assert plain.policies["default_policy"].value_head is None
-    assert dueling.policies["default_policy"].value_head is not None
-    q = dueling.policies["default_policy"](torch.zeros(3, 4))
-    assert q.shape == (3, 2)
-
-
 def test_n_step_changes_sampled_targets():
     one, _ = sampled_batch(dqn(n_step=1))
     three, _ = sampled_batch(dqn(n_step=3))
@@ -61,7 +54,7 @@ def test_priorities_after_a_step_equal_td_error_for_exactly_the_sampled_rows():
     before = dm.buffer.priorities(np.arange(dm.buffer.capacity)).copy()
     _, results = model.loss("default_policy", batch)
 
-    dm.update_priorities(MultiAgentBatch({"default_policy": batch}, 0), {"default_policy": results})
+    dm.update_priorities("default_policy", batch["batch_indexes"], results["td_error"])
     after = dm.buffer.priorities(np.arange(dm.buffer.capacity))
     idx = batch["batch_indexes"].numpy()
     expected = (np.abs(results["td_error"].numpy()) + 1e-3) ** 0.7
@@ -70,7 +63,7 @@ def test_priorities_after_a_step_equal_td_error_for_exactly_the_sampled_rows():
     untouched = np.setdiff1d(np.arange(dm.buffer.capacity), idx)
     np.testing.assert_array_equal(after[untouched], before[untouched])
     assert np.allclose(batch["weights"].numpy(), 1.0)  # new rows all had the max priority
-    resampled = dm.sample().policy_batches["default_policy"]
+    resampled = dm.sample_minibatch("default_policy", 128, beta=0.4)
     assert not np.allclose(resampled["weights"].numpy(), 1.0)  # now importance weights are in play
 
 
@@ -79,21 +72,20 @@ def test_uniform_replay_weights_are_one():
     assert torch.equal(batch["weights"], torch.ones_like(batch["weights"]))
 
 
-def test_priority_loop_runs_inside_fit():
+def test_priority_loop_runs_inside_fit_once_per_gradient_step():
     model = dqn(prioritized_replay=True)
     seen = []
 
     class Spy(ReplayDataModule):
-        def update_priorities(self, batch, learner_info):
-            if learner_info:  # empty before learning_starts
-                seen.append(len(learner_info["default_policy"]["td_error"]))
-            super().update_priorities(batch, learner_info)
+        def update_priorities(self, policy_id, batch_indexes, td_error):
+            seen.append(len(td_error))
+            super().update_priorities(policy_id, batch_indexes, td_error)
 
-    hp = model.hparams
-    dm = Spy("CartPole-v1", learning_starts=64, train_freq=32, num_gradient_steps=4, train_batch_size=32,
-             buffer_size=1000, prioritized_replay=True, seed=0, iterations_per_epoch=4)
+    dm = Spy("CartPole-v1", learning_starts=64, train_freq=32, buffer_size=1000, prioritized_replay=True, seed=0,
+             iterations_per_epoch=4)
     quiet_trainer(max_epochs=1).fit(model, datamodule=dm)
-    assert hp.prioritized_replay and seen[-1] == 4 * 32  # td errors of every gradient step, concatenated
+    assert model.counters["num_grad_updates"] == 4 * 3  # learning starts with the 2nd iteration
+    assert seen == [32] * (4 * 3)  # the td errors of each gradient step's own rows, before the next sample
 
 
 def test_learning_starts_uses_random_actions_and_no_updates():
@@ -103,23 +95,24 @@ def test_learning_starts_uses_random_actions_and_no_updates():
 
 
 def test_num_gradient_steps_sets_updates_per_iteration():
-    model = dqn(learning_starts=32, num_gradient_steps=7)
+    model = dqn(learning_starts=64, num_gradient_steps=7)
     fit_iterations(model, 4)
     assert model.counters["num_grad_updates"] == 7 * 3  # iteration 1 only fills the buffer
 
 
-def test_hard_target_update_every_freq_env_steps():
-    model = dqn(target_network_update_freq=64, learning_starts=32)
-    fit_iterations(model, 4)  # 128 env steps
+def test_hard_target_update_every_freq_global_env_steps():
+    model = dqn(target_network_update_freq=64, learning_starts=32, num_gradient_steps=1)
+    fit_iterations(model, 5)  # the checks see 0, 32, 64, 96, 128 env steps sampled before each iteration
     assert model.counters["num_target_updates"] == 2
     for t, o in zip(model.target_q.parameters(), model.policies.parameters()):
-        assert torch.equal(t, o)  # the last update happened after the last gradient step
+        assert torch.equal(t, o)  # the last update followed the last gradient step
 
 
 def test_polyak_tau_moves_targets_part_way():
-    model = dqn(tau=0.1, target_network_update_freq=1, learning_starts=32)
+    model = dqn(tau=0.1, target_network_update_freq=0, learning_starts=32)
     before = [p.clone() for p in model.target_q.parameters()]
     fit_iterations(model, 3)
+    assert model.counters["num_target_updates"] == model.counters["num_grad_updates"] == 3 * 4
     moved = [not torch.equal(b, t) for b, t in zip(before, model.target_q.parameters())]
     same = [torch.equal(t, o) for t, o in zip(model.target_q.parameters(), model.policies.parameters())]
     assert all(moved) and not any(same)
@@ -128,9 +121,9 @@ def test_polyak_tau_moves_targets_part_way():
 def test_epsilon_schedule():
     model = dqn(epsilon_start=1.0, epsilon_end=0.1, epsilon_timesteps=100)
     assert model.exploration_kwargs("default_policy")["epsilon"] == 1.0
-    model.counters["num_env_steps_sampled"] = 50
+    model.global_counters["num_env_steps_sampled"] = 50  # schedules read the global counters
     assert model.exploration_kwargs("default_policy")["epsilon"] == pytest.approx(0.55)
-    model.counters["num_env_steps_sampled"] = 1000
+    model.global_counters["num_env_steps_sampled"] = 1000
     assert model.exploration_kwargs("default_policy")["epsilon"] == pytest.approx(0.1)
     greedy = model.policies["default_policy"].compute_actions(torch.zeros(200, 4), epsilon=0.0)["actions"]
     noisy = model.policies["default_policy"].compute_actions(torch.zeros(200, 4), epsilon=1.0)["actions"]
@@ -170,9 +163,8 @@ def test_sac_actions_respect_any_bounds():
     assert actions.min() >= -7.0 and actions.max() <= 11.0 and actions.max() - actions.min() > 5
 
 
-def test_sac_target_entropy_flag():
-    assert sac().target_entropy == -1.0
-    assert sac(target_entropy=-3.0).target_entropy == -3.0
+def test_sac_target_entropy_auto_is_minus_the_action_dim():
+    assert sac().target_entropy == -1.0  # Pendulum: one action dimension (the effect: tests/test_oracles.py)
 
 
 def test_dqn_rejects_continuous_actions():
@@ -188,5 +180,5 @@ def test_sac_rejects_discrete_actions():
 def test_buffer_smaller_than_train_batch():
     with pytest.raises(ValueError, match=r"buffer_size \(100\) is smaller than train_batch_size \(256\)"):
         DQN(buffer_size=100, train_batch_size=256)
-    with pytest.raises(ValueError, match=r"buffer_size \(10\) is smaller than train_batch_size"):
-        ReplayDataModule("CartPole-v1", buffer_size=10, train_batch_size=32)
+    with pytest.raises(ValueError, match=r"buffer capacity \(4\) gives 4 rows per env .* n_step=3 needs at least 5"):
+        ReplayDataModule("CartPole-v1", buffer_size=4, n_step=3)

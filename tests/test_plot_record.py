@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
+import warnings
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -11,7 +15,7 @@ import torch
 from pytorch_lightning.loggers import CSVLogger, TensorBoardLogger
 
 from lightning_rl import A2C, PPO, plotting, recording
-from lightning_rl.plotting import find_runs, load_curve, plot_curves
+from lightning_rl.plotting import collect_curves, find_runs, load_curve, plot_curves
 from lightning_rl.recording import load_model, record
 from tests.conftest import quiet_trainer
 
@@ -119,7 +123,7 @@ def test_plot_labels_are_lines_and_bands(runs, tmp_path):
     _check_png(plot_curves(runs / "csv" / "seed1", tmp_path / "one.png", metric=PG_LOSS, band="none"))
     with pytest.raises(ValueError, match="one label per log dir"):
         plot_curves([runs / "csv"], tmp_path / "bad.png", labels=["a", "b"])
-    with pytest.raises(ValueError, match="no/such_metric"):
+    with pytest.warns(UserWarning, match="skipping"), pytest.raises(ValueError, match="no/such_metric"):
         plot_curves([runs / "csv"], tmp_path / "bad.png", metric="no/such_metric")
 
 
@@ -133,6 +137,196 @@ def test_plot_command_line(runs, tmp_path, capsys):
     assert "missing" in capsys.readouterr().err
     assert plotting.main([str(runs / "csv"), "--metric", "nope", "--out", str(out)]) == 1
     assert RETURN in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- which runs are plotted
+VAL_RETURN = "val/episode_return_mean"
+
+
+def _csv_run(path, columns: dict[str, list], steps: list[int]):
+    """A ``metrics.csv`` like CSVLogger's: ``epoch``, ``step`` and ``columns`` (``None`` = empty cell)."""
+    path.mkdir(parents=True, exist_ok=True)
+    names = sorted(columns)
+    rows = ["epoch,step," + ",".join(names)]
+    for i, step in enumerate(steps):
+        cells = ["" if columns[n][i] is None else str(columns[n][i]) for n in names]
+        rows.append(f"0,{step}," + ",".join(cells))
+    (path / "metrics.csv").write_text("\n".join(rows) + "\n")
+    return path / "metrics.csv"
+
+
+def _train_run(path, steps: list[int], values: list[float]):
+    return _csv_run(path, {RETURN: values, "train/loss": [0.5] * len(steps)}, steps)
+
+
+def _validate_run(path):
+    """What a ``lightning-rl validate`` run's version dir holds: ``val/…`` metrics only, one row."""
+    return _csv_run(path, {VAL_RETURN: [42.0], "val/episode_return_min": [40.0]}, [0])
+
+
+def _tb_run(path, scalars: dict[str, list[tuple[int, float]]]):
+    from torch.utils.tensorboard import SummaryWriter
+
+    with SummaryWriter(str(path)) as writer:
+        for tag, points in scalars.items():
+            for step, value in points:
+                writer.add_scalar(tag, value, step)
+    return path
+
+
+@pytest.mark.parametrize("kind", ["csv", "tb"])
+def test_a_validate_run_beside_a_training_run_is_skipped_with_a_warning(tmp_path, kind):
+    logs = tmp_path / "lightning_logs"
+    steps, values = [256, 512, 768], [10.0, 20.0, 30.0]
+    if kind == "csv":
+        train = _train_run(logs / "version_0", steps, values)
+        val = _validate_run(logs / "version_1")  # the last version dir: the one the old code drew
+    else:
+        _needs("tensorboard")
+        train = _tb_run(logs / "version_0", {RETURN: list(zip(steps, values))})
+        val = _tb_run(logs / "version_1", {VAL_RETURN: [(0, 42.0)]})
+    with pytest.warns(UserWarning) as record_:
+        curves = collect_curves(logs)
+    messages = [str(w.message) for w in record_]
+    assert messages == [f"skipping {str(val)!r}: it has no metric {RETURN!r}; its metrics: "
+                        + (f"{VAL_RETURN}, val/episode_return_min" if kind == "csv" else VAL_RETURN)]
+    [curve] = curves
+    assert curve.runs == (train,) and curve.outside == ()
+    np.testing.assert_array_equal(curve.steps, steps)
+    np.testing.assert_allclose(curve.values, [values])
+
+
+def test_runs_with_too_few_points_are_skipped_and_the_rest_plotted(tmp_path):
+    train = _train_run(tmp_path / "a", [100, 200], [1.0, 2.0])
+    one = _train_run(tmp_path / "b", [300], [5.0])
+    empty = _csv_run(tmp_path / "c", {RETURN: [None, None], "train/loss": [1.0, 0.9]}, [100, 200])
+    with pytest.warns(UserWarning) as record_:
+        [curve] = collect_curves(tmp_path)
+    assert sorted(str(w.message) for w in record_) == [
+        f"skipping {str(one)!r}: it has 1 point(s) of {RETURN!r} (at env step 300), fewer than the 2 a curve needs",
+        f"skipping {str(empty)!r}: it has 0 point(s) of {RETURN!r}, fewer than the 2 a curve needs",
+    ]
+    assert curve.runs == (train,)
+    np.testing.assert_allclose(curve.values, [[1.0, 2.0]])
+
+
+def test_no_run_with_the_metric_is_an_error_naming_dirs_and_metric(tmp_path):
+    _needs("matplotlib")
+    logs = tmp_path / "logs"
+    _validate_run(logs / "version_0")
+    _train_run(logs / "version_1", [100], [1.0])
+    other = tmp_path / "other"
+    _validate_run(other / "version_0")
+    out = tmp_path / "curve.png"
+    with pytest.warns(UserWarning, match="skipping"), pytest.raises(ValueError) as err:
+        plot_curves([logs, other], out)
+    assert str(err.value) == (
+        f"no run under {str(logs)!r}, {str(other)!r} has metric {RETURN!r} to plot: 2 run(s) do not log it "
+        f"(they log: {VAL_RETURN}, val/episode_return_min); 1 run(s) have fewer than 2 points of it"
+    )
+    assert not out.exists()  # no empty axes written
+
+
+def test_a_label_left_without_runs_warns_and_the_others_are_drawn(tmp_path):
+    _train_run(tmp_path / "ppo" / "version_0", [100, 200], [1.0, 2.0])
+    _validate_run(tmp_path / "a2c" / "version_0")
+    with pytest.warns(UserWarning) as record_:
+        curves = collect_curves([tmp_path / "ppo", tmp_path / "a2c"], labels=["PPO", "A2C"])
+    assert [c.label for c in curves] == ["PPO"]
+    assert str(record_[-1].message) == f"no line for label 'A2C': none of its runs has {RETURN!r} to plot"
+
+
+def test_runs_of_different_lengths_mean_over_the_shared_range_rest_drawn_thin(tmp_path):
+    long = _train_run(tmp_path / "seed0", [100, 200, 300, 400], [1.0, 2.0, 3.0, 4.0])
+    late = _train_run(tmp_path / "seed1", [50, 150, 250], [10.0, 20.0, 30.0])  # starts earlier, ends sooner
+    with pytest.warns(UserWarning) as record_:
+        [curve] = collect_curves(tmp_path)
+    assert [str(w.message) for w in record_] == [
+        f"the 2 runs cover different env-step ranges (first and last env step: {str(long)!r} [100, 400], "
+        f"{str(late)!r} [50, 250]); the mean and band are drawn over the range they all cover, [100, 250], "
+        "and the rest of each run as a thin line"
+    ]
+    assert curve.runs == (long, late)
+    np.testing.assert_array_equal(curve.steps, [100, 150, 200, 250])  # both runs' steps inside [100, 250]
+    np.testing.assert_allclose(curve.values, [[1.0, 1.5, 2.0, 2.5], [15.0, 20.0, 25.0, 30.0]])
+    np.testing.assert_allclose(curve.mean, [8.0, 10.75, 13.5, 16.25])
+    low, high = curve.band("minmax")
+    np.testing.assert_allclose(low, [1.0, 1.5, 2.0, 2.5])
+    np.testing.assert_allclose(high, [15.0, 20.0, 25.0, 30.0])
+    low, high = curve.band("std")
+    np.testing.assert_allclose(high - curve.mean, [7.0, 9.25, 11.5, 13.75])
+    assert curve.band("none") is None
+    # Nothing is dropped: each run's points outside [100, 250], joined at the edge of the shared range.
+    (run_a, steps_a, values_a), (run_b, steps_b, values_b) = curve.outside
+    assert run_a == long
+    np.testing.assert_array_equal(steps_a, [250, 300, 400])
+    np.testing.assert_allclose(values_a, [2.5, 3.0, 4.0])
+    assert run_b == late
+    np.testing.assert_array_equal(steps_b, [50, 100])
+    np.testing.assert_allclose(values_b, [10.0, 15.0])
+
+
+def test_runs_of_one_length_pool_without_warning(tmp_path):
+    _train_run(tmp_path / "seed0", [100, 200, 300], [1.0, 2.0, 3.0])
+    _train_run(tmp_path / "seed1", [100, 300], [3.0, 5.0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        [curve] = collect_curves(tmp_path)
+    np.testing.assert_array_equal(curve.steps, [100, 200, 300])
+    np.testing.assert_allclose(curve.mean, [2.0, 3.0, 4.0])
+    assert curve.outside == ()
+
+
+def test_runs_sharing_no_range_are_an_error(tmp_path):
+    first = _train_run(tmp_path / "version_0", [100, 200], [1.0, 2.0])
+    resumed = _train_run(tmp_path / "version_1", [200, 300], [2.0, 3.0])  # e.g. a resumed run: one point shared
+    with pytest.raises(ValueError, match="share no env-step range") as err:
+        collect_curves(tmp_path)
+    assert f"{str(first)!r} [100, 200]" in str(err.value) and f"{str(resumed)!r} [200, 300]" in str(err.value)
+
+
+def test_plot_command_line_warns_on_stderr_and_exits_1_without_a_curve(tmp_path, capsys):
+    _needs("matplotlib", "PIL")
+    logs = tmp_path / "logs"
+    _train_run(logs / "version_0", [100, 200, 300], [1.0, 2.0, 3.0])
+    _train_run(logs / "version_1", [100, 200], [2.0, 4.0])
+    val = _validate_run(logs / "version_2")
+    out = tmp_path / "curve.png"
+    assert plotting.main([str(logs), "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == f"wrote {out}\n"
+    assert captured.err.splitlines() == [
+        f"lightning-rl plot: warning: skipping {str(val)!r}: it has no metric {RETURN!r}; "
+        f"its metrics: {VAL_RETURN}, val/episode_return_min",
+        f"lightning-rl plot: warning: the 2 runs cover different env-step ranges (first and last env step: "
+        f"{str(logs / 'version_0' / 'metrics.csv')!r} [100, 300], {str(logs / 'version_1' / 'metrics.csv')!r} "
+        "[100, 200]); the mean and band are drawn over the range they all cover, [100, 200], and the rest of "
+        "each run as a thin line",
+    ]
+    _check_png(out)
+
+    from lightning_rl.cli import main as cli_main
+
+    missing_out = tmp_path / "none.png"
+    assert cli_main(["plot", str(logs / "version_2"), "--out", str(missing_out)]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("lightning-rl plot: warning: skipping")
+    assert err[1:] == [f"lightning-rl plot: error: no run under {str(logs / 'version_2')!r} has metric {RETURN!r} "
+                       f"to plot: 1 run(s) do not log it (they log: {VAL_RETURN}, val/episode_return_min)"]
+    assert not missing_out.exists()
+
+
+def test_plot_module_entry_point_exit_codes(tmp_path):
+    _needs("matplotlib")
+    _validate_run(tmp_path / "version_0")
+    command = [sys.executable, "-m", "lightning_rl.plotting", str(tmp_path), "--out", str(tmp_path / "c.png")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[1])
+    assert done.returncode == 1, done.stderr
+    assert "lightning-rl plot: error: no run under" in done.stderr and "Traceback" not in done.stderr
+    _train_run(tmp_path / "version_1", [100, 200], [1.0, 2.0])
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[1])
+    assert done.returncode == 0, done.stderr
+    assert "lightning-rl plot: warning: skipping" in done.stderr and (tmp_path / "c.png").exists()
 
 
 # ----------------------------------------------------------------------------- checkpoints

@@ -44,6 +44,7 @@ class A2C(OnPolicyModule):
         cpu_affinity: bool = True,
         evaluation_interval: int | None = None,
         evaluation_num_episodes: int = 10,
+        check_finite: bool = True,
         lr: float = 7e-4,
         lr_schedule: Schedule = None,
         gamma: float = 0.99,
@@ -62,7 +63,8 @@ class A2C(OnPolicyModule):
             env=env, num_envs=num_envs, rollout_fragment_length=rollout_fragment_length,
             total_env_steps=total_env_steps, iterations_per_epoch=iterations_per_epoch, seed=seed,
             vectorization=vectorization, sampling_device=sampling_device, num_cpu_threads=num_cpu_threads,
-            cpu_affinity=cpu_affinity,
+            cpu_affinity=cpu_affinity, evaluation_interval=evaluation_interval,
+            evaluation_num_episodes=evaluation_num_episodes, check_finite=check_finite,
             lr=lr, lr_schedule=lr_schedule, gamma=gamma, lambda_=lambda_,
             num_sgd_iter=1, sgd_minibatch_size=num_envs * rollout_fragment_length,
             grad_clip=grad_clip, standardize_fields=standardize_fields, hiddens=hiddens, activation=activation,
@@ -71,21 +73,22 @@ class A2C(OnPolicyModule):
         self.save_hyperparameters()
         if optimizer not in ("rmsprop", "adam"):
             raise ValueError(f"optimizer must be 'rmsprop' or 'adam', got {optimizer!r}")
+        self.optimizer_name = optimizer
+        self.vf_loss_coeff, self.entropy_coeff = vf_loss_coeff, entropy_coeff
 
     def make_optimizer(self, params: Any) -> torch.optim.Optimizer:
-        if self.hparams.optimizer == "adam":
+        if self.optimizer_name == "adam":
             return super().make_optimizer(params)
-        return torch.optim.RMSprop(params, lr=self.hparams.lr, alpha=0.99, eps=1e-5)
+        return torch.optim.RMSprop(params, lr=self.lr, alpha=0.99, eps=1e-5)
 
     def loss(self, policy_id: str, batch: SampleBatch) -> tuple[Tensor, dict[str, Any]]:
-        hp = self.hparams
         dist, values = self.policies[policy_id](batch[SampleBatch.OBS])
         logp = dist.log_prob(batch[SampleBatch.ACTIONS])
 
         pg_loss = -(logp * batch[SampleBatch.ADVANTAGES]).mean()
         vf_loss = value_loss(values, batch[SampleBatch.VALUE_TARGETS])
         entropy = dist.entropy().mean()
-        total_loss = pg_loss + hp.vf_loss_coeff * vf_loss - hp.entropy_coeff * entropy
+        total_loss = pg_loss + self.vf_loss_coeff * vf_loss - self.entropy_coeff * entropy
 
         with torch.no_grad():
             stats = {

@@ -1,12 +1,17 @@
 """RLModule: the Lightning plumbing every algorithm shares.
 
-One Lightning training step is one training iteration on one policy batch
-(manual optimization); the algorithm's ``learn_on_policy_batch`` does the update.
+One Lightning training step is one training iteration on one policy batch (manual
+optimization); the algorithm's ``learn_on_batch`` does the update. The base keeps the
+iteration loop, the policies, the one action path (``compute_actions``) and the counters;
+process settings (``process.py``), collectives (``distributed.py``), checkpoint safety
+(``checkpoint.py``) and inference outside Lightning (``inference.py``) live in modules of
+their own.
 """
 
 from __future__ import annotations
 
 import copy
+import inspect
 import logging
 import os
 import time
@@ -20,16 +25,27 @@ import numpy as np
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import ModelSummary
-from pytorch_lightning.trainer.states import TrainerFn
+from pytorch_lightning.trainer.states import TrainerFn, TrainerStatus
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
-from lightning_rl.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
-from lightning_rl.checkpoint import CheckedCheckpointIO
-from lightning_rl.data.envs import EnvSpec, env_spaces, resolve_vectorization
+from lightning_rl import inference
+from lightning_rl.batch import DEFAULT_POLICY_ID, MultiAgentBatch
+from lightning_rl.checkpoint import (
+    CheckedCheckpointIO,
+    callable_placeholder,
+    check_not_placeholder,
+    class_path,
+    pack_rank_states,
+    unpack_rank_state,
+)
+from lightning_rl.data.base import EnvDataModule, new_generator
+from lightning_rl.data.envs import EnvSpec, env_spaces
+from lightning_rl.distributed import FlatGradients, bypass_ddp_gradient_sync, check_strategy, sum_over_ranks
 from lightning_rl.evaluation import evaluate
 from lightning_rl.functional import piecewise_linear
 from lightning_rl.learner_info import LearnerInfoBuilder
+from lightning_rl.process import ProcessSettings
 
 log = logging.getLogger(__name__)
 # Without evaluation_interval the val loader is deliberately empty.
@@ -47,6 +63,7 @@ COUNTER_NAMES = (
 
 
 Schedule = str | Sequence[Sequence[float]] | None
+
 
 def resolve_schedule(
     name: str, schedule: Schedule, initial: float, total_env_steps: int | None
@@ -66,6 +83,7 @@ def resolve_schedule(
         raise ValueError(f"{name} points must be non-empty with increasing env steps, got {schedule!r}")
     return points
 
+
 def check_positive(**values: float | None) -> None:
     for name, value in values.items():
         if value is not None and not value > 0:
@@ -77,113 +95,99 @@ def check_gamma(gamma: float) -> None:
         raise ValueError(f"gamma must be in (0, 1], got {gamma}")
 
 
-def rank_cpus(available: set[int], local_rank: int, local_world_size: int) -> set[int]:
-    """The CPUs of ``local_rank``: an equal, disjoint share of ``available`` (empty when there
-    are more ranks than CPUs, where pinning would only stack ranks on shared cores)."""
-    share = len(available) // local_world_size
-    return set(sorted(available)[local_rank * share : (local_rank + 1) * share])
+class NonFiniteLossError(FloatingPointError):
+    """A loss term became NaN or infinite; raised before the optimizer steps on it."""
 
 
-def set_process_affinity(cpus: set[int]) -> None:
-    """Pin every thread of this process (gloo's too) to ``cpus``; threads started later inherit it."""
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            os.sched_setaffinity(int(tid), cpus)
-        except (ProcessLookupError, PermissionError):  # a thread that ended meanwhile
-            pass
-
-
-class _RestoreProcessSettings(pl.Callback):
-    """A failed or interrupted ``fit`` skips ``on_fit_end``: give the process its threads and CPUs back."""
+class _FitLifecycle(pl.Callback):
+    """A failed or interrupted ``fit`` skips ``on_fit_end`` and ``teardown``: give the process
+    its threads and CPUs back and close the envs (terminating env worker processes)."""
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
-        if isinstance(pl_module, RLModule):
-            pl_module.restore_process_settings()
-
-
-class _GreedyPolicy(nn.Module):
-    """``obs -> greedy actions`` of a policy, as one traceable forward."""
-
-    def __init__(self, policy: nn.Module) -> None:
-        super().__init__()
-        self.policy = policy
-
-    def forward(self, obs: Tensor) -> Tensor:
-        return self.policy.compute_actions(obs, explore=False)["actions"].detach()
+        if not isinstance(pl_module, RLModule):
+            return
+        pl_module.process_settings.restore()
+        dm = pl_module.active_datamodule
+        if isinstance(dm, EnvDataModule) and dm is not trainer.datamodule:  # Lightning tells its own
+            dm.on_exception(exception)
 
 
 class RLModule(pl.LightningModule):
-    """Base of all algorithms: policies, counters, sampling access, the iteration loop.
+    """Base of all algorithms: policies, counters, the action path, the iteration loop.
 
-    Subclasses build ``self.policies`` (a ``ModuleDict`` by policy id), implement
-    ``learn_on_policy_batch`` and ``build_datamodule``, and may override
-    ``postprocess_rollout``.
+    Subclasses build ``self.policies`` (a ``ModuleDict`` by policy id) and their default
+    DataModule (``self.default_datamodule``, from their own hyperparameters), and implement
+    ``learn_on_batch``.
 
     Args:
-        env: a registered gymnasium id or a zero-argument callable returning a ``gymnasium.Env``.
-        num_envs: envs stepped in parallel (per process under DDP).
+        env: a registered gymnasium id or any callable returning a ``gymnasium.Env``
+            (lambda, closure, class, ``functools.partial``).
         total_env_steps: stop ``fit`` once this many env steps were sampled (summed over
             DDP ranks); ``None`` leaves stopping to the Trainer's limits.
-        iterations_per_epoch: training iterations in one Lightning epoch, the cadence of
-            epoch-based callbacks (checkpointing, validation).
         seed: seeds network init, action sampling, minibatch shuffling and the envs
             (``seed + 1000 * rank`` under DDP); ``None`` for random.
-        vectorization: ``"auto"`` (the env's own batched version where it registers one,
-            else ``"sync"``), ``"sync"``, ``"async"`` (one process per env) or
-            ``"vector_entry_point"``.
-        sampling_device: device the policy runs on while sampling; small MLPs are faster on
-            the CPU than with a GPU round trip per env step.
         num_cpu_threads: torch intra-op threads during ``fit`` (restored afterwards). Small
             MLPs run fastest on one thread, and several threads spin badly on a busy machine
             (rl-zoo sets 1 too); ``None`` leaves torch's setting alone.
         cpu_affinity: under DDP on CPU, pin each local rank to its own share of the CPUs
             this process may use (Linux; restored after ``fit``). Ranks that synchronize
             every minibatch then stop migrating between cores and waiting on each other.
-
-    Algorithms also take ``evaluation_interval`` (epochs between evaluations; ``None`` =
-    no evaluation) and ``evaluation_num_episodes``: Lightning validation then plays that
-    many greedy episodes on separate envs and logs ``val/episode_return_mean``, which
-    ``ModelCheckpoint(monitor=...)`` and ``EarlyStopping`` can use.
+        evaluation_interval: epochs between evaluations (``None`` = no evaluation): Lightning
+            validation then plays ``evaluation_num_episodes`` greedy episodes on separate
+            envs and logs ``val/episode_return_mean``, which ``ModelCheckpoint(monitor=...)``
+            and ``EarlyStopping`` can use.
     """
 
     def __init__(
         self,
         *,
         env: EnvSpec,
-        num_envs: int,
         total_env_steps: int | None,
-        iterations_per_epoch: int,
         seed: int | None,
-        vectorization: str,
-        sampling_device: str,
         num_cpu_threads: int | None,
         cpu_affinity: bool,
+        evaluation_interval: int | None,
+        evaluation_num_episodes: int,
     ) -> None:
         super().__init__()
         self.automatic_optimization = False
-        if num_envs < 1:
-            raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+        check_not_placeholder("env", env)
         if total_env_steps is not None and total_env_steps < 1:
             raise ValueError(f"total_env_steps must be >= 1 or None, got {total_env_steps}")
+        check_positive(evaluation_interval=evaluation_interval, evaluation_num_episodes=evaluation_num_episodes)
+        self.env_spec = env
+        self.total_env_steps = total_env_steps
+        self.seed = seed
+        self.evaluation_interval = evaluation_interval
+        self.evaluation_num_episodes = evaluation_num_episodes
+        self.process_settings = ProcessSettings(num_cpu_threads, cpu_affinity)
         self.observation_space, self.action_space = env_spaces(env)
-        resolve_vectorization(env, vectorization)
-        self.sampling_device = torch.device(sampling_device)
         self.counters: dict[str, int] = dict.fromkeys(COUNTER_NAMES, 0)
         self.global_counters: dict[str, int] = dict(self.counters)
         self.policies = nn.ModuleDict()
         self.policies_to_train: list[str] = [DEFAULT_POLICY_ID]
-        self.shuffle_generator = torch.Generator()
-        if seed is not None:
-            self.shuffle_generator.manual_seed(seed)
-        self._default_datamodule: pl.LightningDataModule | None = None
+        self.shuffle_generator = new_generator(seed)
+        self.default_datamodule: EnvDataModule | None = None
+        self._default_datamodule_active = False
         self._sampling_copies: dict[tuple[str, torch.device], tuple[int, nn.Module]] = {}
+        self._flat_grads: dict[Any, FlatGradients] = {}  # by optimizer, laid out once per fit
         self._weights_version = 0
         self._pending_datamodule_state: dict[str, Any] | None = None
-        check_positive(num_cpu_threads=num_cpu_threads)
-        self.num_cpu_threads = num_cpu_threads
-        self._saved_num_threads: int | None = None
-        self.cpu_affinity = cpu_affinity
-        self._saved_affinity: set[int] | None = None
+        self._resumed_without_sampler_state = False
+
+    def save_hyperparameters(self, *args: Any, ignore: Sequence[str] | str | None = None, frame: Any = None,
+                             logger: bool = True) -> None:
+        """Lightning's ``save_hyperparameters``, except that callable hyperparameters (an env
+        factory, a lambda) are kept as a ``"<callable name>"`` placeholder: Lightning would drop
+        the ones it cannot pickle, and a checkpoint that holds code cannot load safely."""
+        frame = frame if frame is not None else inspect.currentframe().f_back
+        init_args = {k: v for k, v in frame.f_locals.items() if k not in ("self", "__class__")}
+        ignore = [ignore] if isinstance(ignore, str) else list(ignore or [])
+        callables = {k: v for k, v in init_args.items() if callable(v) and k not in ignore}
+        super().save_hyperparameters(*args, ignore=ignore + list(callables), frame=frame, logger=logger)
+        for name, value in callables.items():
+            self._hparams[name] = callable_placeholder(value)
+            self._hparams_initial[name] = callable_placeholder(value)
 
     # ----------------------------------------------------------------- policies
     def check_spaces(self, observation_space: gym.Space, action_space: gym.Space) -> None:
@@ -207,98 +211,102 @@ class RLModule(pl.LightningModule):
             self._sampling_copies[(policy_id, device)] = (self._weights_version, policy_copy)
         return policy_copy
 
+    def exploration_kwargs(self, policy_id: str) -> dict[str, Any]:
+        """Extra keyword arguments of an exploring ``compute_actions`` (e.g. DQN's epsilon)."""
+        return {}
+
+    def policy_outputs(
+        self,
+        obs: Tensor,
+        policy_id: str = DEFAULT_POLICY_ID,
+        explore: bool = True,
+        generator: torch.Generator | None = None,
+        device: torch.device | str | None = None,
+    ) -> dict[str, Tensor]:
+        """The one action path, shared by samplers, evaluation and users: the policy's outputs
+        (``actions`` and, for actor-critics, ``action_logp``, ``vf_preds``) for a batch
+        ``[N, *obs_shape]``, computed on ``device`` (a refreshed copy when the policy lives
+        elsewhere) with the algorithm's exploration when ``explore``."""
+        device = self.device if device is None else torch.device(device)
+        policy = self.sampling_policy(policy_id, device)
+        kwargs = self.exploration_kwargs(policy_id) if explore else {}
+        return policy.compute_actions(obs.to(device), explore=explore, generator=generator, **kwargs)
+
     @torch.no_grad()
     def compute_actions(
         self, obs: np.ndarray | Tensor, policy_id: str = DEFAULT_POLICY_ID, explore: bool = True
     ) -> np.ndarray | Tensor:
         """Actions for a batch ``[N, *obs_shape]`` (or one observation); numpy in, numpy out."""
         is_numpy = not isinstance(obs, Tensor)
-        obs_t = torch.as_tensor(np.asarray(obs) if is_numpy else obs, device=self.device)
+        obs_t = torch.as_tensor(np.asarray(obs) if is_numpy else obs)
         single = tuple(obs_t.shape) == tuple(self.observation_space.shape or ())
         if single:
             obs_t = obs_t.unsqueeze(0)
-        actions = self.policies[policy_id].compute_actions(obs_t, explore=explore)["actions"]
+        actions = self.policy_outputs(obs_t, policy_id, explore=explore)["actions"]
         if single:
             actions = actions[0]
         return actions.cpu().numpy() if is_numpy else actions
 
     def predict(
-        self, obs: np.ndarray | Tensor, deterministic: bool = True, policy_id: str = DEFAULT_POLICY_ID
-    ) -> np.ndarray | Tensor:
-        """Actions for one observation or a batch, for use outside Lightning (greedy by default)."""
-        was_training = self.training
-        self.eval()
-        try:
-            return self.compute_actions(obs, policy_id=policy_id, explore=not deterministic)
-        finally:
-            self.train(was_training)
+        self,
+        obs: np.ndarray | Tensor,
+        state: Any = None,
+        episode_start: np.ndarray | None = None,
+        deterministic: bool = False,
+        policy_id: str = DEFAULT_POLICY_ID,
+    ) -> tuple[np.ndarray | Tensor, Any]:
+        """``(actions, state)`` with Stable-Baselines3's signature (see ``inference.predict``)."""
+        return inference.predict(self, obs, state, episode_start, deterministic, policy_id)
 
     def export_policy(self, path: str | os.PathLike[str], policy_id: str = DEFAULT_POLICY_ID) -> torch.jit.ScriptModule:
-        """Save the greedy policy as TorchScript: ``torch.jit.load(path)(obs_batch) -> actions``,
-        runnable without Python, Lightning or this library."""
-        greedy = _GreedyPolicy(copy.deepcopy(self.policies[policy_id]).cpu().eval())
-        example = torch.as_tensor(np.stack([self.observation_space.sample() for _ in range(2)]))
-        with torch.no_grad():
-            scripted = torch.jit.trace(greedy, example, check_trace=False)
-        scripted.save(str(path))
-        return scripted
+        """Save the greedy policy as TorchScript (see ``inference.export_policy``)."""
+        return inference.export_policy(self, path, policy_id)
 
     # ---------------------------------------------------------------- data
-    def build_datamodule(self) -> pl.LightningDataModule:
-        """The DataModule ``Trainer.fit(module)`` uses when none is given."""
-        raise NotImplementedError
-
     def train_dataloader(self) -> Any:
-        # Only called when fit() got no DataModule: build the default one from our hparams.
-        dm = self.build_datamodule()
+        # Only called when fit() got no DataModule: the default one built from our hparams.
+        dm = self.default_datamodule
+        if dm is None:
+            raise NotImplementedError(f"{type(self).__name__} builds no default DataModule: pass one to fit()")
         dm.trainer = self.trainer
-        dm.connect(self)  # type: ignore[attr-defined]
+        dm.connect(self)
         dm.setup("fit")
-        if self._pending_datamodule_state:  # resuming: continue the envs where they were
+        if self._pending_datamodule_state is not None:  # resuming: continue the envs where they were
             dm.load_state_dict(self._pending_datamodule_state)
             self._pending_datamodule_state = None
-        self._default_datamodule = dm
+        self._default_datamodule_active = True
         return dm.train_dataloader()
 
     @property
     def active_datamodule(self) -> pl.LightningDataModule | None:
-        """The DataModule feeding this fit: the Trainer's, or the default one we built."""
+        """The DataModule feeding this fit: the Trainer's, or the default one."""
         if self._trainer is not None and self.trainer.datamodule is not None:
             return self.trainer.datamodule
-        return self._default_datamodule
-
-    def exploration_kwargs(self, policy_id: str) -> dict[str, Any]:
-        """Extra keyword arguments for the sampler's ``compute_actions`` (e.g. epsilon)."""
-        return {}
+        return self.default_datamodule if self._default_datamodule_active else None
 
     def teardown(self, stage: str) -> None:
-        if self._default_datamodule is not None:
-            self._default_datamodule.teardown(stage)  # closes the envs; keeps their last state
-
-    def postprocess_rollout(
-        self, policy_id: str, rollout: SampleBatch, last_obs: Tensor, valid: Tensor
-    ) -> SampleBatch:
-        """Turn a time-major ``[T, N]`` rollout into a flat training batch of valid rows."""
-        flat = SampleBatch({k: v.reshape(-1, *v.shape[2:]) for k, v in rollout.items()})
-        return flat.select(valid.reshape(-1))
+        if self._default_datamodule_active and stage == "fit":
+            self.default_datamodule.teardown(stage)  # closes the envs; keeps their last state
+            self._default_datamodule_active = False
 
     # ---------------------------------------------------------------- learning
-    def learn_on_policy_batch(self, policy_id: str, batch: SampleBatch, builder: LearnerInfoBuilder) -> None:
-        """Update policy ``policy_id`` on its batch; add results to ``builder``."""
+    def learn_on_batch(self, batch: MultiAgentBatch, builder: LearnerInfoBuilder) -> int:
+        """Update the policies to train on one iteration's batch; add results to ``builder``.
+        Returns the number of rows trained on (``num_env_steps_trained``)."""
         raise NotImplementedError
 
     def on_iteration_end(self, learner_info: dict[str, Any]) -> None:
-        """Per-iteration updates after learning (KL coefficient, target networks)."""
+        """Per-iteration updates after learning, with the global counters of this iteration."""
 
     def current(self, points: list[tuple[float, float]] | None, constant: float) -> float:
-        """Value of a schedule at the env steps sampled so far (global over ranks)."""
+        """A schedule's value at the global env steps sampled before this iteration (the same
+        on every DDP rank)."""
         if points is None:
             return constant
         return piecewise_linear(points, self.global_counters["num_env_steps_sampled"])
 
-    def apply_lr_schedule(self, *optimizers: Any) -> float:
-        """Set the scheduled learning rate (``lr_points``, else ``hparams.lr``) on ``optimizers``."""
-        lr = self.current(getattr(self, "lr_points", None), self.hparams.lr)
+    @staticmethod
+    def set_lr(lr: float, *optimizers: torch.optim.Optimizer) -> float:
         for optimizer in optimizers:
             for group in optimizer.param_groups:
                 group["lr"] = lr
@@ -310,16 +318,40 @@ class RLModule(pl.LightningModule):
             return optimizers
         return optimizers[self.policies_to_train.index(policy_id)]
 
+    def optimize(
+        self, optimizer: Any, loss: Tensor, grad_clip: float | None, terms: dict[str, Tensor] | None = None
+    ) -> None:
+        """One step: backward of ``loss``, gradients averaged over DDP ranks (only those of the
+        parameters ``optimizer`` steps, as one flat all-reduce), norm clipping, step.
+
+        A non-finite loss stops fit before anything is stepped; the error names the first
+        non-finite term of ``terms`` (``pg_loss``, ``vf_loss`` ...) and the iteration."""
+        if not torch.isfinite(loss):
+            bad = [n for n, t in (terms or {}).items() if isinstance(t, Tensor) and not torch.isfinite(t).all()]
+            bad = [n for n in bad if n != "total_loss"] or bad  # name the term, not the sum
+            raise NonFiniteLossError(
+                f"non-finite loss at iteration {self.counters['num_iterations']} "
+                f"(env step {self.global_counters['num_env_steps_sampled']}): "
+                + (", ".join(f"{n} = {float(terms[n])}" for n in bad) if bad else f"loss = {float(loss)}")
+                + "; the weights were not stepped"
+            )
+        grads = self._flat_grads.get(optimizer)
+        if grads is None:
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+            grads = self._flat_grads[optimizer] = FlatGradients(params)
+        grads.zero()
+        self.manual_backward(loss)
+        grads.all_reduce()
+        if grad_clip is not None:
+            self.clip_gradients(optimizer, grad_clip, gradient_clip_algorithm="norm")
+        optimizer.step()
+
     def training_step(self, batch: MultiAgentBatch, batch_idx: int) -> dict[str, Any]:
         start = time.perf_counter()
+        bypass_ddp_gradient_sync(self.trainer)
         batch = batch.as_multi_agent()
         builder = LearnerInfoBuilder()
-        trained = 0
-        for policy_id in self.policies_to_train:
-            if policy_id in batch.policy_batches:
-                policy_batch = batch.policy_batches[policy_id]
-                self.learn_on_policy_batch(policy_id, policy_batch, builder)
-                trained += policy_batch.count
+        trained = self.learn_on_batch(batch, builder)
         learner_info = builder.finalize()
         self._weights_version += 1
         c = self.counters
@@ -328,10 +360,9 @@ class RLModule(pl.LightningModule):
         c["num_env_steps_trained"] += trained
         c["num_agent_steps_trained"] += trained
         c["num_iterations"] += 1
-        self.on_iteration_end(learner_info)
         self.global_counters = self._counters_over_ranks(c)
-        budget = self.hparams.get("total_env_steps")
-        if budget is not None and self.global_counters["num_env_steps_sampled"] >= budget:
+        self.on_iteration_end(learner_info)
+        if self.total_env_steps is not None and self.global_counters["num_env_steps_sampled"] >= self.total_env_steps:
             self.trainer.should_stop = True
         return {"learner_info": learner_info, "learn_time_s": time.perf_counter() - start}
 
@@ -339,100 +370,65 @@ class RLModule(pl.LightningModule):
         if self.trainer.world_size == 1:
             return dict(counters)
         local = torch.tensor([counters[k] for k in COUNTER_NAMES], dtype=torch.float64, device=self.device)
-        return {k: int(v) for k, v in zip(COUNTER_NAMES, self.sum_over_ranks(local).tolist())}
+        return {k: int(v) for k, v in zip(COUNTER_NAMES, sum_over_ranks(local).tolist())}
 
-    def sum_over_ranks(self, tensor: Tensor) -> Tensor:
-        """``tensor`` summed over DDP ranks (itself in one process). One all-reduce and no
-        barrier: Lightning's ``strategy.reduce`` adds a barrier, a second round trip that
-        costs about 1 ms with gloo on a small machine, twice per iteration."""
+    def mean_over_ranks(self, value: float) -> float:
+        """``value`` averaged over DDP ranks (itself in one process): for what is adapted from
+        learner info (PPO's KL coefficient), so every rank adapts identically."""
         if self.trainer.world_size == 1:
-            return tensor
-        total = tensor.clone()
-        torch.distributed.all_reduce(total)
-        return total
+            return value
+        total = sum_over_ranks(torch.tensor([value], dtype=torch.float64, device=self.device))
+        return float(total.item()) / self.trainer.world_size
 
-    # ---------------------------------------------------------------- Lightning hooks
     # ---------------------------------------------------------------- evaluation
     def val_dataloader(self) -> Any:
         """One evaluation request per validation run: always for ``trainer.validate``, during
         ``fit`` only when ``evaluation_interval`` is set."""
         validating = self._trainer is not None and self.trainer.state.fn == TrainerFn.VALIDATING
-        if not validating and not self.hparams.get("evaluation_interval"):
+        if not validating and not self.evaluation_interval:
             return []
         return DataLoader(range(1), batch_size=None)
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
-        """``evaluation_num_episodes`` greedy episodes on separate envs (per rank under DDP)."""
-        seed = self.hparams.get("seed")
+        """``evaluation_num_episodes`` greedy episodes on separate envs (per rank under DDP),
+        logged at the global env-step count like the training metrics."""
         returns = evaluate(
             self,
-            self.hparams.env,
-            self.hparams.get("evaluation_num_episodes", 10),
-            seed=None if seed is None else seed + 100_000 + 1000 * self.global_rank,
-            vectorization=self.hparams.get("vectorization", "auto"),
+            self.env_spec,
+            self.evaluation_num_episodes,
+            seed=None if self.seed is None else self.seed + 100_000 + 1000 * self.global_rank,
+            vectorization=getattr(self.default_datamodule, "vectorization", "auto"),
         )
         sync = self.trainer.world_size > 1
         self.log("val/episode_return_mean", float(np.mean(returns)), sync_dist=sync, batch_size=1, prog_bar=True)
         self.log("val/episode_return_min", float(np.min(returns)), sync_dist=sync, reduce_fx="min", batch_size=1)
         self.log("val/episode_return_max", float(np.max(returns)), sync_dist=sync, reduce_fx="max", batch_size=1)
+        self.log("step", float(self.global_counters["num_env_steps_sampled"]), batch_size=1)
 
+    # ---------------------------------------------------------------- Lightning hooks
     def on_fit_start(self) -> None:
+        trainer = self.trainer
+        self.process_settings.apply(trainer.local_rank, trainer.num_devices, self.device.type == "cpu")
+        check_strategy(trainer)
+        self._flat_grads = {}
         # Lightning turns "no limit given" into max_epochs=1000; with an env-step budget the
         # budget is the limit, so lift the epoch cap (a user's explicit max_epochs of 1000
         # is indistinguishable and is lifted too, as documented in the README).
-        if self.num_cpu_threads is not None:
-            self._saved_num_threads = torch.get_num_threads()
-            torch.set_num_threads(self.num_cpu_threads)
-        self._pin_rank_cpus()
-        fit_loop = self.trainer.fit_loop
-        if self.hparams.get("total_env_steps") and fit_loop.max_epochs == 1000 and self.trainer.max_steps == -1:
+        fit_loop = trainer.fit_loop
+        if self.total_env_steps and fit_loop.max_epochs == 1000 and trainer.max_steps == -1:
             fit_loop.max_epochs = -1
 
     def on_fit_end(self) -> None:
-        self.restore_process_settings()
-
-    def restore_process_settings(self) -> None:
-        """Undo what ``fit`` changed in the process (torch threads, CPU pinning); also run
-        when ``fit`` fails, which never reaches ``on_fit_end``."""
-        if self._saved_num_threads is not None:
-            torch.set_num_threads(self._saved_num_threads)
-            self._saved_num_threads = None
-        if self._saved_affinity is not None:
-            set_process_affinity(self._saved_affinity)
-            self._saved_affinity = None
-
-    def _pin_rank_cpus(self) -> None:
-        trainer = self.trainer
-        if not self.cpu_affinity or trainer.world_size == 1 or self.device.type != "cpu":
-            return
-        if not hasattr(os, "sched_setaffinity"):  # not Linux
-            return
-        available = os.sched_getaffinity(0)
-        cpus = rank_cpus(available, trainer.local_rank, trainer.num_devices)
-        if cpus:
-            self._saved_affinity = available
-            set_process_affinity(cpus)
+        self.process_settings.restore()
 
     def configure_callbacks(self) -> list[pl.Callback]:
         from lightning_rl.callbacks import InterruptCheckpoint, LearnerInfoCallback, RolloutMetricsCallback
 
-        strategy = self.trainer.strategy if self._trainer is not None else None
-        if strategy is not None and not isinstance(strategy.checkpoint_io, CheckedCheckpointIO):
-            # The first hook of fit/validate, before Lightning restores a checkpoint: resuming
-            # then reads it with weights_only=True and a bad file is an error naming it.
-            strategy.checkpoint_io = CheckedCheckpointIO(strategy.checkpoint_io, self)
-
-        interval = self.hparams.get("evaluation_interval")
-        if interval is not None and self._trainer is not None:
-            check_positive(evaluation_interval=interval, evaluation_num_episodes=self.hparams.evaluation_num_episodes)
-            # Evaluate every `interval` epochs. Set here, the first hook Lightning calls on the
-            # module, so that callbacks reading the cadence in their setup (EarlyStopping's
-            # check_on_train_epoch_end) see it.
-            self.trainer.check_val_every_n_epoch = interval
-
+        if self._trainer is not None:
+            self._configure_trainer(self.trainer)
         present = {type(cb) for cb in self.trainer.callbacks} if self._trainer is not None else set()
         callbacks: list[pl.Callback] = [
-            cb() for cb in (LearnerInfoCallback, RolloutMetricsCallback, _RestoreProcessSettings) if cb not in present
+            cb() for cb in (LearnerInfoCallback, RolloutMetricsCallback, _FitLifecycle) if cb not in present
         ]
         if self._trainer is not None:
             if InterruptCheckpoint not in present:
@@ -441,31 +437,55 @@ class RLModule(pl.LightningModule):
                 callbacks.append(ModelSummary(max_depth=2))
         return callbacks
 
+    def _configure_trainer(self, trainer: pl.Trainer) -> None:
+        """The two Trainer settings the module owns, set here because this is the first hook
+        Lightning calls on the module, before it restores a checkpoint and before callbacks'
+        ``setup`` reads the validation cadence (EarlyStopping's ``check_on_train_epoch_end``):
+        resuming reads checkpoints safely, and validation runs every ``evaluation_interval`` epochs."""
+        strategy = trainer.strategy
+        if not isinstance(strategy.checkpoint_io, CheckedCheckpointIO):
+            strategy.checkpoint_io = CheckedCheckpointIO(strategy.checkpoint_io, self)
+        if self.evaluation_interval is not None:
+            trainer.check_val_every_n_epoch = self.evaluation_interval
+
+    # ---------------------------------------------------------------- checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        # Everything a resumed run needs to continue exactly (plain values and tensors, so the
-        # file loads with weights_only=True). A DataModule given to the Trainer is saved by
-        # Lightning itself; the default one is ours to save.
-        checkpoint["lightning_rl"] = {
-            "algorithm": f"{type(self).__module__}.{type(self).__qualname__}",
+        # Plain values and tensors only, so the file loads with weights_only=True. What differs
+        # between DDP ranks (counters, RNG, the default DataModule's envs and replay) is
+        # gathered per rank; a DataModule given to the Trainer gathers its own (EnvDataModule).
+        interrupted = self._trainer is not None and self.trainer.state.status == TrainerStatus.INTERRUPTED
+        local = {
             "counters": dict(self.counters),
             "shuffle_generator": self.shuffle_generator.get_state(),
             "torch_rng": torch.get_rng_state(),
-            "datamodule": self._default_datamodule.state_dict() if self._default_datamodule is not None else None,
+        }
+        dm_state = self.default_datamodule.state_dict() if self.default_datamodule is not None else None
+        checkpoint["lightning_rl"] = {
+            "algorithm": class_path(type(self)),
+            "global_counters": dict(self.global_counters),
+            "ranks": pack_rank_states(local, interrupted),
+            "datamodule": dm_state,
             **self.extra_state(),
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("lightning_rl", {})
-        self.counters.update(state.get("counters", {}))
-        self.global_counters = dict(self.counters)
-        if "shuffle_generator" in state:
-            self.shuffle_generator.set_state(state["shuffle_generator"])
-            torch.set_rng_state(state["torch_rng"])
+        self.global_counters.update(state.get("global_counters", {}))
+        trainer = self._trainer
+        rank, size = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+        fitting = trainer is not None and trainer.state.fn == TrainerFn.FITTING
+        mine = unpack_rank_state(state.get("ranks"), rank, size, "counters and RNG", warn=fitting)
+        if mine is not None:
+            self.counters.update(mine["counters"])
+            self.shuffle_generator.set_state(mine["shuffle_generator"])
+            torch.set_rng_state(mine["torch_rng"])
+        else:  # another world size: local counters as an even share of the global ones
+            self.counters.update({k: v // size for k, v in self.global_counters.items()})
         self._pending_datamodule_state = state.get("datamodule")
         self.load_extra_state(state)
 
     def extra_state(self) -> dict[str, Any]:
-        """Algorithm state (plain Python values) saved in checkpoints beside the weights."""
+        """Algorithm state saved beside the weights: plain values, identical on every rank."""
         return {}
 
     def load_extra_state(self, state: dict[str, Any]) -> None:

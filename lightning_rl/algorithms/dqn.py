@@ -13,7 +13,7 @@ from lightning_rl.algorithms.base import Schedule
 from lightning_rl.algorithms.off_policy import OffPolicyModule
 from lightning_rl.batch import DEFAULT_POLICY_ID, SampleBatch
 from lightning_rl.data.envs import EnvSpec
-from lightning_rl.functional import huber_loss, piecewise_linear, soft_update_
+from lightning_rl.functional import huber_loss, soft_update_
 from lightning_rl.nn.q_models import QNetwork
 
 
@@ -32,10 +32,12 @@ class DQN(OffPolicyModule):
     Args:
         double_q: pick the bootstrap action with the online network.
         dueling: ``Q = V + A - mean(A)`` heads.
-        target_network_update_freq: env steps between target updates.
+        target_network_update_freq: global env steps between target updates (checked after
+            every gradient step; 0 = every gradient step).
         tau: target update ``target <- (1 - tau) target + tau online``; 1 = hard copy.
         epsilon_start, epsilon_end, epsilon_timesteps: linear epsilon-greedy schedule over
-            env steps.
+            global env steps, used by every exploring action (sampling, ``predict``,
+            ``compute_actions(explore=True)``, ``evaluate(explore=True)``).
         prioritized_replay, prioritized_replay_alpha, prioritized_replay_beta,
         prioritized_replay_eps: proportional prioritized replay; beta anneals to 1 over
             ``total_env_steps``.
@@ -57,6 +59,7 @@ class DQN(OffPolicyModule):
         cpu_affinity: bool = True,
         evaluation_interval: int | None = None,
         evaluation_num_episodes: int = 10,
+        check_finite: bool = True,
         lr: float = 1e-3,
         lr_schedule: Schedule = None,
         gamma: float = 0.99,
@@ -85,18 +88,19 @@ class DQN(OffPolicyModule):
         super().__init__(
             env=env, num_envs=num_envs, total_env_steps=total_env_steps, iterations_per_epoch=iterations_per_epoch,
             seed=seed, vectorization=vectorization, sampling_device=sampling_device, num_cpu_threads=num_cpu_threads,
-            cpu_affinity=cpu_affinity,
-            lr=lr, lr_schedule=lr_schedule, gamma=gamma, buffer_size=buffer_size, learning_starts=learning_starts,
-            train_freq=train_freq, num_gradient_steps=num_gradient_steps, train_batch_size=train_batch_size,
-            n_step=n_step,
-            prioritized_replay=prioritized_replay, prioritized_replay_alpha=prioritized_replay_alpha,
+            cpu_affinity=cpu_affinity, evaluation_interval=evaluation_interval,
+            evaluation_num_episodes=evaluation_num_episodes, check_finite=check_finite,
+            lr=lr, lr_schedule=lr_schedule, gamma=gamma, grad_clip=grad_clip, buffer_size=buffer_size,
+            learning_starts=learning_starts, train_freq=train_freq, num_gradient_steps=num_gradient_steps,
+            train_batch_size=train_batch_size, n_step=n_step, target_network_update_freq=target_network_update_freq,
+            tau=tau, prioritized_replay=prioritized_replay, prioritized_replay_alpha=prioritized_replay_alpha,
             prioritized_replay_beta=prioritized_replay_beta, prioritized_replay_eps=prioritized_replay_eps,
+            checkpoint_replay_buffer=checkpoint_replay_buffer,
         )
         self.save_hyperparameters()
-        if not 0.0 < tau <= 1.0:
-            raise ValueError(f"tau must be in (0, 1], got {tau}")
         if not 0.0 <= epsilon_end <= 1.0 or not 0.0 <= epsilon_start <= 1.0:
             raise ValueError(f"epsilon_start and epsilon_end must be in [0, 1], got {epsilon_start}, {epsilon_end}")
+        self.double_q = double_q
         with torch.random.fork_rng():
             if seed is not None:
                 torch.manual_seed(seed)
@@ -107,21 +111,20 @@ class DQN(OffPolicyModule):
         self.epsilon_points = [(0.0, epsilon_start), (float(max(epsilon_timesteps, 1)), epsilon_end)]
 
     def configure_optimizers(self) -> Any:
-        return [torch.optim.Adam(self.policies[pid].parameters(), lr=self.hparams.lr, fused=True)
+        return [torch.optim.Adam(self.policies[pid].parameters(), lr=self.lr, fused=True)
                 for pid in self.policies_to_train]
 
     def exploration_kwargs(self, policy_id: str) -> dict[str, Any]:
-        return {"epsilon": piecewise_linear(self.epsilon_points, self.counters["num_env_steps_sampled"])}
+        return {"epsilon": self.current(self.epsilon_points, 0.0)}
 
     def loss(self, policy_id: str, batch: SampleBatch) -> tuple[torch.Tensor, dict[str, Any]]:
         """The TD loss of one replay minibatch and its results (``learner_stats``, ``td_error``)."""
-        hp = self.hparams
         q_net, target_net = self.policies[policy_id], self.target_q[policy_id]
         q = q_net(batch[SampleBatch.OBS]).gather(-1, batch[SampleBatch.ACTIONS].long().unsqueeze(-1)).squeeze(-1)
         with torch.no_grad():
             next_obs = batch[SampleBatch.NEXT_OBS]
             next_target_q = target_net(next_obs)
-            chooser = q_net(next_obs) if hp.double_q else next_target_q
+            chooser = q_net(next_obs) if self.double_q else next_target_q
             next_q = next_target_q.gather(-1, chooser.argmax(-1, keepdim=True)).squeeze(-1)
             not_done = 1.0 - batch[SampleBatch.TERMINATEDS].float()
             target = batch[SampleBatch.REWARDS] + batch[SampleBatch.DISCOUNTS] * not_done * next_q
@@ -134,14 +137,8 @@ class DQN(OffPolicyModule):
 
     def update(self, policy_id: str, batch: SampleBatch) -> dict[str, Any]:
         loss, results = self.loss(policy_id, batch)
-        optimizer = self.policy_optimizer(policy_id)
-        optimizer.zero_grad(set_to_none=True)
-        self.manual_backward(loss)
-        if self.hparams.grad_clip is not None:
-            self.clip_gradients(optimizer, self.hparams.grad_clip, gradient_clip_algorithm="norm")
-        optimizer.step()
+        self.optimize(self.policy_optimizer(policy_id), loss, self.grad_clip, {"loss": loss})
         return results
 
-    def on_iteration_end(self, learner_info: dict[str, Any]) -> None:
-        if self.target_update_due():
-            soft_update_(list(self.target_q.parameters()), list(self.policies.parameters()), self.hparams.tau)
+    def update_targets(self) -> None:
+        soft_update_(list(self.target_q.parameters()), list(self.policies.parameters()), self.tau)

@@ -1,25 +1,29 @@
-"""Shared machinery of the replay-based methods: the replay DataModule, gradient steps, priorities."""
+"""Shared machinery of the replay-based methods: the replay loop, priorities, target networks."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import pytorch_lightning as pl
-
 from lightning_rl.algorithms.base import RLModule, Schedule, check_gamma, check_positive, resolve_schedule
 from lightning_rl.batch import MultiAgentBatch, SampleBatch
 from lightning_rl.data.envs import EnvSpec
 from lightning_rl.data.replay import ReplayDataModule
-from lightning_rl.learner_info import LearnerInfoBuilder
+from lightning_rl.learner_info import LEARNER_STATS_KEY, LearnerInfoBuilder
 
 
 class OffPolicyModule(RLModule):
-    """Learner on replay batches: ``num_gradient_steps`` updates per iteration, each on its
-    own ``train_batch_size`` slice of the batch; the ``td_error`` of every update goes back
-    to the replay buffer as priorities after the step.
+    """Learner on replay. Each iteration, ``num_gradient_steps`` times (the reference's order):
 
-    Subclasses implement ``update(policy_id, batch) -> results`` (one gradient step; results
-    hold ``learner_stats`` and ``td_error``) and ``on_iteration_end`` for target networks.
+    1. sample ``train_batch_size`` transitions from the replay (prioritized: with importance
+       weights at the current beta);
+    2. one gradient step (``update``);
+    3. set the priorities of exactly those rows from the step's ``td_error``;
+    4. update the target networks when due: ``target_network_update_freq`` global env steps
+       after the last update (0: after every gradient step), Polyak-averaged with ``tau`` —
+       so ``tau`` is applied per gradient step as in Stable-Baselines3's SAC and RLlib.
+
+    Subclasses implement ``update(policy_id, batch) -> results`` (results hold
+    ``learner_stats`` and ``td_error``) and ``update_targets()``.
     """
 
     def __init__(
@@ -34,74 +38,103 @@ class OffPolicyModule(RLModule):
         sampling_device: str,
         num_cpu_threads: int | None,
         cpu_affinity: bool,
+        evaluation_interval: int | None,
+        evaluation_num_episodes: int,
+        check_finite: bool,
         lr: float,
         lr_schedule: Schedule,
         gamma: float,
+        grad_clip: float | None,
         buffer_size: int,
         learning_starts: int,
         train_freq: int,
         num_gradient_steps: int,
         train_batch_size: int,
         n_step: int,
+        target_network_update_freq: int,
+        tau: float,
         prioritized_replay: bool,
         prioritized_replay_alpha: float,
         prioritized_replay_beta: float,
         prioritized_replay_eps: float,
+        checkpoint_replay_buffer: bool,
     ) -> None:
         super().__init__(
-            env=env, num_envs=num_envs, total_env_steps=total_env_steps, iterations_per_epoch=iterations_per_epoch,
-            seed=seed, vectorization=vectorization, sampling_device=sampling_device, num_cpu_threads=num_cpu_threads,
-            cpu_affinity=cpu_affinity,
+            env=env, total_env_steps=total_env_steps, seed=seed, num_cpu_threads=num_cpu_threads,
+            cpu_affinity=cpu_affinity, evaluation_interval=evaluation_interval,
+            evaluation_num_episodes=evaluation_num_episodes,
         )
-        check_positive(lr=lr, train_freq=train_freq, num_gradient_steps=num_gradient_steps,
-                       train_batch_size=train_batch_size, n_step=n_step, prioritized_replay_eps=prioritized_replay_eps)
+        check_positive(lr=lr, grad_clip=grad_clip, num_gradient_steps=num_gradient_steps,
+                       train_batch_size=train_batch_size)
         check_gamma(gamma)
         if buffer_size < train_batch_size:
             raise ValueError(f"buffer_size ({buffer_size}) is smaller than train_batch_size ({train_batch_size})")
-        if not 0.0 <= prioritized_replay_beta <= 1.0 or prioritized_replay_alpha < 0:
-            raise ValueError("prioritized_replay_beta must be in [0, 1] and prioritized_replay_alpha >= 0, got "
-                             f"{prioritized_replay_beta}, {prioritized_replay_alpha}")
+        if target_network_update_freq < 0:
+            raise ValueError(f"target_network_update_freq must be >= 0, got {target_network_update_freq}")
+        if not 0.0 < tau <= 1.0:
+            raise ValueError(f"tau must be in (0, 1], got {tau}")
+        if not 0.0 <= prioritized_replay_beta <= 1.0:
+            raise ValueError(f"prioritized_replay_beta must be in [0, 1], got {prioritized_replay_beta}")
+        self.lr = lr
         self.lr_points = resolve_schedule("lr_schedule", lr_schedule, lr, total_env_steps)
-        self._last_target_update = 0
-
-    def build_datamodule(self) -> pl.LightningDataModule:
-        hp = self.hparams
-        return ReplayDataModule(
-            hp.env, num_envs=hp.num_envs, buffer_size=hp.buffer_size, learning_starts=hp.learning_starts,
-            train_freq=hp.train_freq, num_gradient_steps=hp.num_gradient_steps, train_batch_size=hp.train_batch_size,
-            n_step=hp.n_step, gamma=hp.gamma, prioritized_replay=hp.prioritized_replay,
-            prioritized_replay_alpha=hp.prioritized_replay_alpha, prioritized_replay_beta=hp.prioritized_replay_beta,
-            prioritized_replay_eps=hp.prioritized_replay_eps, beta_annealing_env_steps=hp.total_env_steps,
-            vectorization=hp.vectorization, seed=hp.seed, iterations_per_epoch=hp.iterations_per_epoch,
-            sampling_device=hp.sampling_device, checkpoint_replay_buffer=hp.get("checkpoint_replay_buffer", True),
+        self.grad_clip = grad_clip
+        self.gamma = gamma
+        self.num_gradient_steps = num_gradient_steps
+        self.train_batch_size = train_batch_size
+        self.target_network_update_freq = target_network_update_freq
+        self.tau = tau
+        # Importance exponent annealed to 1 over the budget (constant without one).
+        self.prioritized_replay_beta = prioritized_replay_beta
+        self.beta_points = None if total_env_steps is None else [(0.0, prioritized_replay_beta),
+                                                                 (float(total_env_steps), 1.0)]
+        self.default_datamodule = ReplayDataModule(
+            env, num_envs=num_envs, buffer_size=buffer_size, learning_starts=learning_starts, train_freq=train_freq,
+            n_step=n_step, gamma=gamma, prioritized_replay=prioritized_replay,
+            prioritized_replay_alpha=prioritized_replay_alpha, prioritized_replay_eps=prioritized_replay_eps,
+            vectorization=vectorization, seed=seed, iterations_per_epoch=iterations_per_epoch,
+            sampling_device=sampling_device, checkpoint_replay_buffer=checkpoint_replay_buffer,
+            check_finite=check_finite,
         )
+        self._last_target_update = 0
 
     def update(self, policy_id: str, batch: SampleBatch) -> dict[str, Any]:
         """One gradient step on one replay minibatch; returns ``learner_stats`` and ``td_error``."""
         raise NotImplementedError
 
-    def learn_on_policy_batch(self, policy_id: str, batch: SampleBatch, builder: LearnerInfoBuilder) -> None:
+    def update_targets(self) -> None:
+        """Move the target networks toward the online ones by ``tau``."""
+        raise NotImplementedError
+
+    def learn_on_batch(self, batch: MultiAgentBatch, builder: LearnerInfoBuilder) -> int:
+        replay = batch.replay
+        if replay is None:  # still filling the buffer (the same decision on every rank)
+            return 0
         optimizers = self.optimizers()
-        self.apply_lr_schedule(*(optimizers if isinstance(optimizers, list) else [optimizers]))
-        size = self.hparams.train_batch_size
-        for start in range(0, batch.count, size):
-            builder.add_learn_on_batch_results(self.update(policy_id, batch.select(slice(start, start + size))),
-                                               policy_id)
+        lr = self.set_lr(self.current(self.lr_points, self.lr), *(optimizers if isinstance(optimizers, list)
+                                                                  else [optimizers]))
+        beta = self.current(self.beta_points, self.prioritized_replay_beta) if replay.prioritized_replay else None
+        for _ in range(self.num_gradient_steps):
+            for policy_id in self.policies_to_train:
+                minibatch = replay.sample_minibatch(policy_id, self.train_batch_size, beta).to(self.device)
+                results = self.update(policy_id, minibatch)
+                if replay.prioritized_replay:
+                    replay.update_priorities(policy_id, minibatch[SampleBatch.BATCH_INDEXES], results["td_error"])
+                results[LEARNER_STATS_KEY].update(cur_lr=lr, replay_beta=beta)
+                builder.add_learn_on_batch_results(results, policy_id)
             self.counters["num_grad_updates"] += 1
+            if self.target_update_due():
+                self.update_targets()
+        return self.num_gradient_steps * self.train_batch_size * len(self.policies_to_train)
 
     def target_update_due(self) -> bool:
-        """True once every ``target_network_update_freq`` env steps (this process's count)."""
-        sampled = self.counters["num_env_steps_sampled"]
-        if sampled - self._last_target_update < self.hparams.target_network_update_freq:
+        """True when ``target_network_update_freq`` global env steps passed since the last update
+        (always with 0); the same decision on every rank."""
+        sampled = self.global_counters["num_env_steps_sampled"]
+        if sampled - self._last_target_update < self.target_network_update_freq:
             return False
         self._last_target_update = sampled
         self.counters["num_target_updates"] += 1
         return True
-
-    def on_train_batch_end(self, outputs: Any, batch: MultiAgentBatch, batch_idx: int) -> None:
-        dm = self.active_datamodule
-        if outputs and hasattr(dm, "update_priorities"):
-            dm.update_priorities(batch, outputs["learner_info"])
 
     def extra_state(self) -> dict[str, Any]:
         return {"last_target_update": self._last_target_update}

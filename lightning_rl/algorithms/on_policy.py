@@ -6,14 +6,14 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-import pytorch_lightning as pl
 import torch
 from torch import Tensor
 
 from lightning_rl.algorithms.base import RLModule, Schedule, check_gamma, check_positive, resolve_schedule
-from lightning_rl.batch import DEFAULT_POLICY_ID, SampleBatch
+from lightning_rl.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
 from lightning_rl.data.envs import EnvSpec
 from lightning_rl.data.rollout import RolloutDataModule
+from lightning_rl.distributed import sum_over_ranks
 from lightning_rl.functional import gae, moments, standardized
 from lightning_rl.learner_info import LEARNER_STATS_KEY, LearnerInfoBuilder
 from lightning_rl.nn.models import ActorCritic
@@ -42,6 +42,9 @@ class OnPolicyModule(RLModule):
         sampling_device: str,
         num_cpu_threads: int | None,
         cpu_affinity: bool,
+        evaluation_interval: int | None,
+        evaluation_num_episodes: int,
+        check_finite: bool,
         lr: float,
         lr_schedule: Schedule,
         gamma: float,
@@ -56,24 +59,31 @@ class OnPolicyModule(RLModule):
         log_std_init: float,
     ) -> None:
         super().__init__(
-            env=env, num_envs=num_envs, total_env_steps=total_env_steps, iterations_per_epoch=iterations_per_epoch,
-            seed=seed, vectorization=vectorization, sampling_device=sampling_device, num_cpu_threads=num_cpu_threads,
-            cpu_affinity=cpu_affinity,
+            env=env, total_env_steps=total_env_steps, seed=seed, num_cpu_threads=num_cpu_threads,
+            cpu_affinity=cpu_affinity, evaluation_interval=evaluation_interval,
+            evaluation_num_episodes=evaluation_num_episodes,
         )
-        check_positive(lr=lr, grad_clip=grad_clip, rollout_fragment_length=rollout_fragment_length)
-        check_positive(num_sgd_iter=num_sgd_iter, sgd_minibatch_size=sgd_minibatch_size)
+        self.default_datamodule = RolloutDataModule(
+            env, num_envs, rollout_fragment_length, vectorization, seed, iterations_per_epoch, sampling_device,
+            check_finite,
+        )
+        check_positive(lr=lr, grad_clip=grad_clip, num_sgd_iter=num_sgd_iter, sgd_minibatch_size=sgd_minibatch_size)
         check_gamma(gamma)
         if not 0.0 <= lambda_ <= 1.0:
             raise ValueError(f"lambda_ must be in [0, 1], got {lambda_}")
-        self.train_batch_size = num_envs * rollout_fragment_length
+        self.train_batch_size = self.default_datamodule.train_batch_size
         if sgd_minibatch_size > self.train_batch_size:
             raise ValueError(
                 f"sgd_minibatch_size ({sgd_minibatch_size}) is larger than the train batch "
                 f"(num_envs * rollout_fragment_length = {self.train_batch_size})"
             )
+        self.lr = lr
+        self.lr_points = resolve_schedule("lr_schedule", lr_schedule, lr, total_env_steps)
+        self.gamma, self.lambda_ = gamma, lambda_
+        self.grad_clip = grad_clip
+        self.standardize_fields = tuple(standardize_fields)
         self.num_sgd_iter = num_sgd_iter
         self.num_minibatches = math.ceil(self.train_batch_size / sgd_minibatch_size)
-        self.lr_points = resolve_schedule("lr_schedule", lr_schedule, lr, total_env_steps)
         with torch.random.fork_rng():
             if seed is not None:
                 torch.manual_seed(seed)
@@ -85,16 +95,9 @@ class OnPolicyModule(RLModule):
     def policy(self) -> ActorCritic:
         return self.policies[DEFAULT_POLICY_ID]
 
-    def build_datamodule(self) -> pl.LightningDataModule:
-        hp = self.hparams
-        return RolloutDataModule(
-            hp.env, hp.num_envs, hp.rollout_fragment_length, hp.vectorization, hp.seed,
-            hp.iterations_per_epoch, hp.sampling_device,
-        )
-
     def make_optimizer(self, params: Any) -> torch.optim.Optimizer:
         # Adam with eps=1e-5 as in the PPO reference implementations; fused kernels on CPU too.
-        return torch.optim.Adam(params, lr=self.hparams.lr, eps=1e-5, fused=True)
+        return torch.optim.Adam(params, lr=self.lr, eps=1e-5, fused=True)
 
     def configure_optimizers(self) -> Any:
         return [self.make_optimizer(self.policies[pid].parameters()) for pid in self.policies_to_train]
@@ -104,7 +107,8 @@ class OnPolicyModule(RLModule):
     def postprocess_rollout(
         self, policy_id: str, rollout: SampleBatch, last_obs: Tensor, valid: Tensor
     ) -> SampleBatch:
-        """Add GAE advantages and value targets, then flatten and drop the reset steps."""
+        """Turn a time-major ``[T, N]`` rollout into a flat training batch: GAE advantages and
+        value targets, then the reset steps of next-step autoreset dropped (``valid``)."""
         policy = self.sampling_policy(policy_id, rollout[SampleBatch.OBS].device)
         bootstrap = policy.value(last_obs.to(rollout[SampleBatch.OBS].device))
         advantages, targets = gae(
@@ -113,34 +117,41 @@ class OnPolicyModule(RLModule):
             bootstrap,
             rollout[SampleBatch.TERMINATEDS],
             rollout[SampleBatch.TRUNCATEDS],
-            self.hparams.gamma,
-            self.hparams.lambda_,
+            self.gamma,
+            self.lambda_,
         )
         rollout[SampleBatch.ADVANTAGES] = advantages
         rollout[SampleBatch.VALUE_TARGETS] = targets
-        return super().postprocess_rollout(policy_id, rollout, last_obs, valid)
+        flat = SampleBatch({k: v.reshape(-1, *v.shape[2:]) for k, v in rollout.items()})
+        return flat.select(valid.reshape(-1))
 
     # ------------------------------------------------------------ minibatch SGD
     def loss(self, policy_id: str, batch: SampleBatch) -> tuple[Tensor, dict[str, Any]]:
         """The algorithm's loss on one minibatch and the stats to report."""
         raise NotImplementedError
 
+    def learn_on_batch(self, batch: MultiAgentBatch, builder: LearnerInfoBuilder) -> int:
+        trained = 0
+        for policy_id in self.policies_to_train:
+            if policy_id in batch.policy_batches:
+                policy_batch = batch.policy_batches[policy_id]
+                self.learn_on_policy_batch(policy_id, policy_batch, builder)
+                trained += policy_batch.count
+        return trained
+
     def learn_on_policy_batch(self, policy_id: str, batch: SampleBatch, builder: LearnerInfoBuilder) -> None:
-        for field in self.hparams.standardize_fields:
+        """``num_sgd_iter`` epochs of shuffled minibatches: loss, backward, clip, step."""
+        for field in self.standardize_fields:
             # Under DDP, standardize over the global batch (one all-reduce of three numbers),
             # so N ranks of B rows train like one process with N * B rows.
-            stats = self.sum_over_ranks(moments(batch[field])) if self.trainer.world_size > 1 else None
+            stats = sum_over_ranks(moments(batch[field])) if self.trainer.world_size > 1 else None
             batch[field] = standardized(batch[field], moments=stats)
         optimizer = self.policy_optimizer(policy_id)
-        lr = self.apply_lr_schedule(optimizer)
+        lr = self.set_lr(self.current(self.lr_points, self.lr), optimizer)
         for _ in range(self.num_sgd_iter):
             order = torch.randperm(batch.count, generator=self.shuffle_generator).to(self.device)
             for rows in order.tensor_split(self.num_minibatches):
                 loss, stats = self.loss(policy_id, batch.select(rows))
-                optimizer.zero_grad(set_to_none=True)
-                self.manual_backward(loss)
-                if self.hparams.grad_clip is not None:
-                    self.clip_gradients(optimizer, self.hparams.grad_clip, gradient_clip_algorithm="norm")
-                optimizer.step()
+                self.optimize(optimizer, loss, self.grad_clip, stats)
                 self.counters["num_grad_updates"] += 1
                 builder.add_learn_on_batch_results({LEARNER_STATS_KEY: {**stats, "cur_lr": lr}}, policy_id)

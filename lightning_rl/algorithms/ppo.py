@@ -49,6 +49,7 @@ class PPO(OnPolicyModule):
         cpu_affinity: bool = True,
         evaluation_interval: int | None = None,
         evaluation_num_episodes: int = 10,
+        check_finite: bool = True,
         lr: float = 3e-4,
         lr_schedule: Schedule = None,
         gamma: float = 0.99,
@@ -73,7 +74,8 @@ class PPO(OnPolicyModule):
             env=env, num_envs=num_envs, rollout_fragment_length=rollout_fragment_length,
             total_env_steps=total_env_steps, iterations_per_epoch=iterations_per_epoch, seed=seed,
             vectorization=vectorization, sampling_device=sampling_device, num_cpu_threads=num_cpu_threads,
-            cpu_affinity=cpu_affinity,
+            cpu_affinity=cpu_affinity, evaluation_interval=evaluation_interval,
+            evaluation_num_episodes=evaluation_num_episodes, check_finite=check_finite,
             lr=lr, lr_schedule=lr_schedule, gamma=gamma, lambda_=lambda_,
             num_sgd_iter=num_sgd_iter, sgd_minibatch_size=sgd_minibatch_size,
             grad_clip=grad_clip, standardize_fields=standardize_fields, hiddens=hiddens, activation=activation,
@@ -84,25 +86,27 @@ class PPO(OnPolicyModule):
             raise ValueError(f"clip_param and vf_clip_param must be positive, got {clip_param}, {vf_clip_param}")
         if kl_coeff < 0 or kl_target <= 0:
             raise ValueError(f"kl_coeff must be >= 0 and kl_target > 0, got {kl_coeff}, {kl_target}")
+        self.clip_param, self.vf_clip_param = clip_param, vf_clip_param
         self.clip_points = resolve_schedule("clip_param_schedule", clip_param_schedule, clip_param, total_env_steps)
+        self.vf_loss_coeff, self.entropy_coeff = vf_loss_coeff, entropy_coeff
         self.kl_coeff = {DEFAULT_POLICY_ID: float(kl_coeff)}
+        self.kl_target = kl_target
 
     def loss(self, policy_id: str, batch: SampleBatch) -> tuple[Tensor, dict[str, Any]]:
-        hp = self.hparams
         dist, values = self.policies[policy_id](batch[SampleBatch.OBS])
         logp = dist.log_prob(batch[SampleBatch.ACTIONS])
-        clip_param = self.current(self.clip_points, hp.clip_param)
+        clip_param = self.current(self.clip_points, self.clip_param)
 
         old_logp = batch[SampleBatch.ACTION_LOGP]
         pg_loss, ratio = ppo_surrogate_loss(logp, old_logp, batch[SampleBatch.ADVANTAGES], clip_param)
-        vf_loss = value_loss(values, batch[SampleBatch.VALUE_TARGETS], batch[SampleBatch.VF_PREDS], hp.vf_clip_param)
+        vf_loss = value_loss(values, batch[SampleBatch.VALUE_TARGETS], batch[SampleBatch.VF_PREDS], self.vf_clip_param)
         entropy = dist.entropy().mean()
         # KL(old || new) by the non-negative, unbiased estimator (r - 1) - log r (Schulman 2020, "Approximating KL").
         log_ratio = logp - old_logp
         kl = ((ratio - 1) - log_ratio).mean()
         kl_coeff = self.kl_coeff[policy_id]
 
-        total_loss = pg_loss + hp.vf_loss_coeff * vf_loss - hp.entropy_coeff * entropy
+        total_loss = pg_loss + self.vf_loss_coeff * vf_loss - self.entropy_coeff * entropy
         if kl_coeff > 0:
             total_loss = total_loss + kl_coeff * kl
 
@@ -122,15 +126,16 @@ class PPO(OnPolicyModule):
         return total_loss, stats
 
     def on_iteration_end(self, learner_info: dict[str, Any]) -> None:
-        """Adapt the KL coefficient toward ``kl_target`` (paper, section 4)."""
+        """Adapt the KL coefficient toward ``kl_target`` (paper, section 4), from the mean KL
+        over minibatches and DDP ranks, so every rank adapts identically."""
         for policy_id, info in learner_info.items():
             coeff = self.kl_coeff[policy_id]
-            kl = info["learner_stats"]["kl"]
             if coeff == 0:
                 continue
-            if kl > 2.0 * self.hparams.kl_target:
+            kl = self.mean_over_ranks(info["learner_stats"]["kl"])
+            if kl > 2.0 * self.kl_target:
                 self.kl_coeff[policy_id] = coeff * 1.5
-            elif kl < 0.5 * self.hparams.kl_target:
+            elif kl < 0.5 * self.kl_target:
                 self.kl_coeff[policy_id] = coeff * 0.5
 
     def extra_state(self) -> dict[str, Any]:

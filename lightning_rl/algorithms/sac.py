@@ -28,11 +28,13 @@ class SAC(OffPolicyModule):
         critic_loss = 0.5 * mean(weights * sum_i (Q_i(s, a) - target)^2)
         actor_loss  = mean(alpha * log pi(a~|s) - min_i Q_i(s, a~))
 
-    then target critics move toward the critics by Polyak averaging with ``tau``.
+    then target critics move toward the critics by Polyak averaging with ``tau``. Each
+    optimizer steps (and, under DDP, averages over ranks) only its own parameters' gradients.
 
     Args:
-        tau: Polyak coefficient of the target critics, applied every
-            ``target_network_update_freq`` env steps.
+        tau: Polyak coefficient of the target critics.
+        target_network_update_freq: global env steps between Polyak updates, checked after
+            every gradient step; 0 (default) = after every gradient step, as in the paper.
         initial_alpha: starting entropy temperature.
         target_entropy: ``"auto"`` (``-action_dim``) or a number.
         checkpoint_replay_buffer: keep the replay buffer in checkpoints (exact resume).
@@ -53,6 +55,7 @@ class SAC(OffPolicyModule):
         cpu_affinity: bool = True,
         evaluation_interval: int | None = None,
         evaluation_num_episodes: int = 10,
+        check_finite: bool = True,
         lr: float = 1e-3,
         lr_schedule: Schedule = None,
         gamma: float = 0.99,
@@ -66,7 +69,7 @@ class SAC(OffPolicyModule):
         hiddens: Sequence[int] = (256, 256),
         activation: str = "relu",
         tau: float = 0.005,
-        target_network_update_freq: int = 1,
+        target_network_update_freq: int = 0,
         initial_alpha: float = 1.0,
         target_entropy: float | str = "auto",
         prioritized_replay: bool = False,
@@ -78,16 +81,18 @@ class SAC(OffPolicyModule):
         super().__init__(
             env=env, num_envs=num_envs, total_env_steps=total_env_steps, iterations_per_epoch=iterations_per_epoch,
             seed=seed, vectorization=vectorization, sampling_device=sampling_device, num_cpu_threads=num_cpu_threads,
-            cpu_affinity=cpu_affinity,
-            lr=lr, lr_schedule=lr_schedule, gamma=gamma, buffer_size=buffer_size, learning_starts=learning_starts,
-            train_freq=train_freq, num_gradient_steps=num_gradient_steps, train_batch_size=train_batch_size,
-            n_step=n_step,
-            prioritized_replay=prioritized_replay, prioritized_replay_alpha=prioritized_replay_alpha,
+            cpu_affinity=cpu_affinity, evaluation_interval=evaluation_interval,
+            evaluation_num_episodes=evaluation_num_episodes, check_finite=check_finite,
+            lr=lr, lr_schedule=lr_schedule, gamma=gamma, grad_clip=grad_clip, buffer_size=buffer_size,
+            learning_starts=learning_starts, train_freq=train_freq, num_gradient_steps=num_gradient_steps,
+            train_batch_size=train_batch_size, n_step=n_step, target_network_update_freq=target_network_update_freq,
+            tau=tau, prioritized_replay=prioritized_replay, prioritized_replay_alpha=prioritized_replay_alpha,
             prioritized_replay_beta=prioritized_replay_beta, prioritized_replay_eps=prioritized_replay_eps,
+            checkpoint_replay_buffer=checkpoint_replay_buffer,
         )
         self.save_hyperparameters()
-        if not 0.0 < tau <= 1.0 or initial_alpha <= 0:
-            raise ValueError(f"tau must be in (0, 1] and initial_alpha > 0, got {tau}, {initial_alpha}")
+        if initial_alpha <= 0:
+            raise ValueError(f"initial_alpha must be positive, got {initial_alpha}")
         with torch.random.fork_rng():
             if seed is not None:
                 torch.manual_seed(seed)
@@ -105,19 +110,11 @@ class SAC(OffPolicyModule):
 
     def configure_optimizers(self) -> Any:
         pid = DEFAULT_POLICY_ID
-        lr = self.hparams.lr
         return [
-            torch.optim.Adam(self.policies[pid].parameters(), lr=lr, fused=True),
-            torch.optim.Adam(self.critics[pid].parameters(), lr=lr, fused=True),
-            torch.optim.Adam([self.log_alpha[pid]], lr=lr),
+            torch.optim.Adam(self.policies[pid].parameters(), lr=self.lr, fused=True),
+            torch.optim.Adam(self.critics[pid].parameters(), lr=self.lr, fused=True),
+            torch.optim.Adam([self.log_alpha[pid]], lr=self.lr),
         ]
-
-    def _step(self, optimizer: Any, loss: torch.Tensor) -> None:
-        optimizer.zero_grad(set_to_none=True)
-        self.manual_backward(loss)
-        if self.hparams.grad_clip is not None:
-            self.clip_gradients(optimizer, self.hparams.grad_clip, gradient_clip_algorithm="norm")
-        optimizer.step()
 
     def update(self, policy_id: str, batch: SampleBatch) -> dict[str, Any]:
         actor, critic, target_critic = self.policies[policy_id], self.critics[policy_id], self.target_critics[policy_id]
@@ -126,7 +123,7 @@ class SAC(OffPolicyModule):
 
         new_actions, logp = actor(obs)
         alpha_loss = -(self.log_alpha[policy_id] * (logp.detach() + self.target_entropy)).mean()
-        self._step(alpha_opt, alpha_loss)
+        self.optimize(alpha_opt, alpha_loss, self.grad_clip, {"alpha_loss": alpha_loss})
         alpha = self.log_alpha[policy_id].detach().exp()
 
         with torch.no_grad():
@@ -136,10 +133,10 @@ class SAC(OffPolicyModule):
             target = batch[SampleBatch.REWARDS] + batch[SampleBatch.DISCOUNTS] * not_done * next_q
         q1, q2 = critic(obs, actor.normalize(batch[SampleBatch.ACTIONS]))
         critic_loss = 0.5 * (weights * ((q1 - target).pow(2) + (q2 - target).pow(2))).mean()
-        self._step(critic_opt, critic_loss)
+        self.optimize(critic_opt, critic_loss, self.grad_clip, {"critic_loss": critic_loss})
 
         actor_loss = (alpha * logp - torch.minimum(*critic(obs, new_actions))).mean()
-        self._step(actor_opt, actor_loss)
+        self.optimize(actor_opt, actor_loss, self.grad_clip, {"actor_loss": actor_loss})
         return {
             "learner_stats": {"actor_loss": actor_loss.detach(), "critic_loss": critic_loss.detach(),
                               "alpha_loss": alpha_loss.detach(), "alpha": alpha, "entropy": -logp.detach().mean(),
@@ -147,6 +144,5 @@ class SAC(OffPolicyModule):
             "td_error": (q1 - target).detach(),
         }
 
-    def on_iteration_end(self, learner_info: dict[str, Any]) -> None:
-        if learner_info and self.target_update_due():
-            soft_update_(list(self.target_critics.parameters()), list(self.critics.parameters()), self.hparams.tau)
+    def update_targets(self) -> None:
+        soft_update_(list(self.target_critics.parameters()), list(self.critics.parameters()), self.tau)

@@ -1,12 +1,21 @@
-"""Building gymnasium vector envs from an env id or a factory."""
+"""Building gymnasium vector envs from an env id or a factory, and stepping and closing them
+so that a failing env worker process is an error that names it, never a hang."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import multiprocessing.connection
+import os
+import pickle
+import signal
+import time
+import traceback
+import warnings
+from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Literal
+from typing import Any, Literal
 
 import gymnasium as gym
+import numpy as np
 from gymnasium.vector import AutoresetMode
 
 EnvSpec = str | Callable[[], gym.Env]
@@ -74,8 +83,266 @@ def make_vector_env(env: EnvSpec, num_envs: int, vectorization: str = "auto") ->
         make_one: Callable[[], gym.Env] = partial(gym.make, env) if isinstance(env, str) else env
         if isinstance(env, str):
             _check_id(env)
-        cls = gym.vector.SyncVectorEnv if mode == "sync" else gym.vector.AsyncVectorEnv
-        venv = cls([make_one] * num_envs, autoreset_mode=AutoresetMode.NEXT_STEP)
+        if mode == "sync":
+            venv = gym.vector.SyncVectorEnv([make_one] * num_envs, autoreset_mode=AutoresetMode.NEXT_STEP)
+        else:
+            worker_env = _WorkerEnvFactory(make_one, os.getpid())
+            venv = gym.vector.AsyncVectorEnv([worker_env] * num_envs, autoreset_mode=AutoresetMode.NEXT_STEP)
     if venv.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP) != AutoresetMode.NEXT_STEP:
         raise ValueError(f"{env!r}: lightning_rl needs next-step autoreset, got {venv.metadata['autoreset_mode']}")
     return gym.wrappers.vector.RecordEpisodeStatistics(venv, buffer_length=100_000)
+
+
+# ----------------------------------------------------------------------------- worker faults
+# gymnasium's AsyncVectorEnv leaves three holes that turn a failing env worker into a hang or
+# into a bare pipe error, so the functions below fill them (nothing in gymnasium does):
+# - workers are forked from the training process and inherit its Python signal handlers;
+#   Lightning's SIGTERM handler swallows SIGTERM, so `Process.terminate()` (gymnasium's
+#   `close(terminate=True)`, and multiprocessing's join of daemon children at interpreter exit)
+#   never ends them and the interpreter waits for them forever;
+# - Lightning does not run `teardown` when fit fails, so nothing closes the envs;
+# - a worker killed by a signal surfaces as EOFError / ConnectionResetError / BrokenPipeError
+#   from the pipe, naming neither the env nor the exit code.
+
+#: Seconds a worker gets to exit after SIGTERM (or to answer ``close``) before it is SIGKILLed.
+CLOSE_TIMEOUT_S = 5.0
+#: Seconds to wait for a worker whose pipe broke to be reported as exited (its pipe closes a
+#: moment before the kernel reports its exit).
+_DEATH_GRACE_S = 2.0
+# Attribute of an exception raised in a worker that carries the worker's traceback to the
+# training process (exceptions pickle their __dict__, not their __traceback__).
+_WORKER_TRACEBACK = "_lightning_rl_worker_traceback"
+_PIPE_ERRORS = (EOFError, OSError)  # OSError covers BrokenPipeError and ConnectionResetError
+
+
+class _WorkerEnvFactory:
+    """The env factory of an async worker: makes the env the way the user asked, after giving
+    the worker process default signal handling.
+
+    In a worker, SIGTERM ends the process again (not a forked copy of the trainer's handler)
+    and SIGINT is ignored: Ctrl-C belongs to the training process, which then closes the
+    workers. In the training process itself (gymnasium's probe env) nothing changes.
+    """
+
+    def __init__(self, make_one: Callable[[], gym.Env], parent_pid: int) -> None:
+        self.make_one = make_one
+        self.parent_pid = parent_pid
+
+    def __call__(self) -> gym.Env:
+        if os.getpid() == self.parent_pid:
+            return self.make_one()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        env = self.make_one()
+        return _ReportErrors(env) if isinstance(env, gym.Env) else env
+
+
+class _ReportErrors(gym.Wrapper):
+    """Lets an exception from ``step``/``reset`` reach the training process intact.
+
+    gymnasium ships the exception through a pickling queue and re-raises
+    ``type(err)(err)`` in the parent: the traceback is lost, an exception that cannot make
+    that trip is lost with it (and the parent then waits on the queue forever). Here it
+    carries its formatted traceback, and one that cannot travel is replaced by a
+    ``RuntimeError`` with the same text.
+    """
+
+    def step(self, action: Any) -> Any:
+        try:
+            return self.env.step(action)
+        except Exception as err:
+            raise _travelling(err) from None
+
+    def reset(self, **kwargs: Any) -> Any:
+        try:
+            return self.env.reset(**kwargs)
+        except Exception as err:
+            raise _travelling(err) from None
+
+
+def _travelling(err: Exception) -> Exception:
+    trace = traceback.format_exc()
+    try:
+        setattr(err, _WORKER_TRACEBACK, trace)
+        type(err)(pickle.loads(pickle.dumps(err)))  # what the queue and gymnasium will do
+        return err
+    except Exception:
+        plain = RuntimeError(f"{type(err).__qualname__}: {err}")
+        setattr(plain, _WORKER_TRACEBACK, trace)
+        return plain
+
+
+def async_env_of(envs: gym.vector.VectorEnv) -> gym.vector.AsyncVectorEnv | None:
+    """The ``AsyncVectorEnv`` under ``envs``' wrappers, or ``None`` when the envs run in-process."""
+    base = envs.unwrapped
+    return base if isinstance(base, gym.vector.AsyncVectorEnv) else None
+
+
+def describe_exit_code(code: int) -> str:
+    """``"exit code -9 (killed by SIGKILL)"``; a negative code is the signal that ended the process."""
+    if code >= 0:
+        return f"exit code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    return f"exit code {code} (killed by {name})"
+
+
+def step_vector_env(
+    envs: gym.vector.VectorEnv, actions: Any
+) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+    """``envs.step(actions)``, where a failed env worker process is a ``RuntimeError`` that
+    names the env (index and worker pid) and either the env's own error or the worker's exit
+    code; every worker of ``envs`` is terminated before it is raised."""
+    try:
+        return envs.step(actions)
+    except Exception as err:
+        _raise_worker_failure(envs, err)
+        raise
+
+
+def reset_vector_env(
+    envs: gym.vector.VectorEnv, seed: int | Sequence[int | None] | None = None, options: dict[str, Any] | None = None
+) -> tuple[Any, dict[str, Any]]:
+    """``envs.reset(seed=seed, options=options)`` with the failure handling of ``step_vector_env``."""
+    try:
+        return envs.reset(seed=seed, options=options)
+    except Exception as err:
+        _raise_worker_failure(envs, err)
+        raise
+
+
+def close_vector_env(
+    envs: gym.vector.VectorEnv | None, terminate: bool = False, timeout: float = CLOSE_TIMEOUT_S
+) -> None:
+    """Close ``envs``; for async envs, no worker process is alive afterwards.
+
+    ``terminate=False`` asks each worker to close its env and exit, waiting up to ``timeout``
+    seconds (a pending step is let finish); ``terminate=True`` (failed or interrupted runs)
+    sends SIGTERM at once. Workers still alive ``timeout`` seconds after SIGTERM are
+    SIGKILLed. Safe to call twice and on broken envs: for async envs, and for any envs when
+    ``terminate=True``, closing never raises (an unexpected error is a warning), so it cannot
+    mask the error being handled.
+    """
+    if envs is None:
+        return
+    venv = async_env_of(envs)
+    if venv is None:
+        if not terminate:
+            envs.close()
+            return
+        try:
+            envs.close()
+        except Exception as err:
+            warnings.warn(f"closing the envs failed: {type(err).__name__}: {err}", stacklevel=2)
+        return
+    if not venv.closed:
+        # Not gymnasium's close_extras: it joins the workers with no timeout, after a
+        # terminate() that a worker with a forked SIGTERM handler ignores.
+        if not terminate:
+            _ask_workers_to_close(venv, timeout)
+        _stop_workers(venv.processes, timeout)
+        for pipe in venv.parent_pipes:
+            if pipe is not None:
+                pipe.close()
+        venv.closed = True  # gymnasium's close (and __del__) is a no-op from now on
+    try:
+        envs.close()  # the wrappers' own clean-up, if any
+    except Exception as err:
+        warnings.warn(f"closing the async envs' wrappers failed: {type(err).__name__}: {err}", stacklevel=2)
+
+
+def _ask_workers_to_close(venv: gym.vector.AsyncVectorEnv, timeout: float) -> None:
+    """Send gymnasium's ``close`` command and drain the pipes until each worker has exited
+    (its pipe reads EOF) or ``timeout`` passed. Draining lets a pending call finish first."""
+    open_pipes = []
+    for pipe in venv.parent_pipes:
+        if pipe is None or pipe.closed:  # None: gymnasium dropped a worker whose env raised
+            continue
+        try:
+            pipe.send(("close", None))
+            open_pipes.append(pipe)
+        except _PIPE_ERRORS:
+            pass
+    deadline = time.monotonic() + timeout
+    while open_pipes and (left := deadline - time.monotonic()) > 0:
+        for pipe in multiprocessing.connection.wait(open_pipes, timeout=left):
+            try:
+                pipe.recv()  # a pending call's answer, then close's
+            except _PIPE_ERRORS:  # EOF: the worker closed its env and exited
+                open_pipes.remove(pipe)
+    for process in venv.processes:
+        try:
+            process.join(max(0.0, deadline - time.monotonic()))
+        except (AssertionError, ValueError):  # not our child (a forked copy of us) or released
+            pass
+
+
+def _raise_worker_failure(envs: gym.vector.VectorEnv, err: Exception) -> None:
+    """If ``err`` means an async worker failed, terminate all workers and raise the failure."""
+    venv = async_env_of(envs)
+    if venv is None or venv.closed:
+        return
+    failure = _worker_failure(venv, err)
+    if failure is None:  # raised in this process (bad actions, ...): the workers are fine
+        return
+    close_vector_env(envs, terminate=True)
+    raise failure from err
+
+
+def _worker_failure(venv: gym.vector.AsyncVectorEnv, err: Exception) -> RuntimeError | None:
+    # gymnasium marks the workers whose env raised by dropping their pipe.
+    raised = [i for i, pipe in enumerate(venv.parent_pipes) if pipe is None]
+    if raised:
+        original = err.args[0] if len(err.args) == 1 and isinstance(err.args[0], BaseException) else err
+        who = ", ".join(f"env {i} (worker pid {venv.processes[i].pid})" for i in raised)
+        message = f"{who} raised {type(original).__name__}: {original}"
+        trace = getattr(original, _WORKER_TRACEBACK, None)
+        if trace:
+            message += f"\n\nTraceback in the env worker process:\n{trace}"
+        return RuntimeError(message)
+    if not isinstance(err, _PIPE_ERRORS):
+        return None
+    deadline = time.monotonic() + _DEATH_GRACE_S
+    while not (dead := _exited(venv.processes)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if not dead:
+        return RuntimeError(
+            f"lost the connection to the async env workers ({type(err).__name__}: {err}), although none has exited"
+        )
+    who = "; ".join(f"env {i} (worker pid {p.pid}) {describe_exit_code(p.exitcode)}" for i, p in dead)
+    return RuntimeError(f"an async env worker process died: {who}")
+
+
+def _exited(processes: Sequence[Any]) -> list[tuple[int, Any]]:
+    dead = []
+    for i, process in enumerate(processes):
+        try:
+            if process.exitcode is not None:
+                dead.append((i, process))
+        except (AssertionError, ValueError):  # not our child (a forked copy of us) or released
+            pass
+    return dead
+
+
+def _stop_workers(processes: Sequence[Any], timeout: float) -> None:
+    """SIGTERM the live workers, SIGKILL those still alive ``timeout`` seconds later, reap all."""
+    alive = []
+    for process in processes:
+        try:
+            if process.is_alive():
+                alive.append(process)
+        except (AssertionError, ValueError):  # not our child (a forked copy of us) or released
+            pass
+    if not alive:
+        return
+    for process in alive:
+        process.terminate()
+    deadline = time.monotonic() + timeout
+    for process in alive:
+        process.join(max(0.0, deadline - time.monotonic()))
+    for process in alive:
+        if process.is_alive():
+            process.kill()
+            process.join(timeout)

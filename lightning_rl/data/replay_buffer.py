@@ -79,20 +79,7 @@ class ReplayBuffer:
         gamma: float = 0.99,
         seed: int | None = None,
     ) -> None:
-        if num_envs < 1:
-            raise ValueError(f"num_envs must be >= 1, got {num_envs}")
-        if capacity < num_envs:
-            raise ValueError(f"capacity ({capacity}) must be at least num_envs ({num_envs})")
-        if n_step < 1:
-            raise ValueError(f"n_step must be >= 1, got {n_step}")
-        if not 0.0 <= gamma <= 1.0:
-            raise ValueError(f"gamma must be in [0, 1], got {gamma}")
-        rows = -(-capacity // num_envs)
-        if rows <= n_step:
-            raise ValueError(
-                f"capacity ({capacity}) gives {rows} rows per env for num_envs={num_envs}; "
-                f"n_step={n_step} needs more than {n_step}"
-            )
+        rows = self.check_config(capacity, num_envs, n_step, gamma)
         self.obs_shape, self.obs_dtype = _space_layout(observation_space, "observation", action=False)
         self.action_shape, self.action_dtype = _space_layout(action_space, "action", action=True)
         self.observation_space, self.action_space = observation_space, action_space
@@ -118,6 +105,27 @@ class ReplayBuffer:
         self._num_added = 0  # rows (vector-env steps) added so far
         self._num_sampleable = 0
         self.rng = np.random.default_rng(seed)
+
+    @staticmethod
+    def check_config(capacity: int, num_envs: int, n_step: int, gamma: float) -> int:
+        """Validate the constructor's sizes (also for callers that build the buffer later);
+        returns the ring's rows per env. ``n_step + 2`` rows guarantee a sampleable row as
+        soon as ``n_step + 1`` steps were added, whatever the episode ends."""
+        if num_envs < 1:
+            raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+        if capacity < num_envs:
+            raise ValueError(f"buffer capacity ({capacity}) must be at least num_envs ({num_envs})")
+        if n_step < 1:
+            raise ValueError(f"n_step must be >= 1, got {n_step}")
+        if not 0.0 <= gamma <= 1.0:
+            raise ValueError(f"gamma must be in [0, 1], got {gamma}")
+        rows = -(-capacity // num_envs)
+        if rows < n_step + 2:
+            raise ValueError(
+                f"buffer capacity ({capacity}) gives {rows} rows per env for num_envs={num_envs}; "
+                f"n_step={n_step} needs at least {n_step + 2}"
+            )
+        return rows
 
     # ------------------------------------------------------------------ sizes
 
@@ -277,10 +285,8 @@ class ReplayBuffer:
     def _check_batch_size(self, batch_size: int) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if batch_size > len(self):
-            raise ValueError(
-                f"batch_size ({batch_size}) is larger than the number of sampleable transitions ({len(self)})"
-            )
+        if len(self) == 0:
+            raise ValueError("the replay buffer holds no sampleable transition yet")
 
     def _num_slots_written(self) -> int:
         return min(self._num_added, self.rows) * self.num_envs
@@ -304,7 +310,8 @@ class ReplayBuffer:
         return np.concatenate(out) if len(out) > 1 else out[0]
 
     def sample(self, batch_size: int) -> SampleBatch:
-        """``batch_size`` n-step transitions drawn uniformly with replacement.
+        """``batch_size`` n-step transitions drawn uniformly with replacement (so a batch may be
+        larger than what is stored, as in Stable-Baselines3).
 
         Columns (torch tensors, ``B = batch_size``): ``obs [B, *obs_shape]``, ``actions``,
         ``rewards [B]`` (n-step returns), ``next_obs`` (observation after the window),
@@ -426,17 +433,22 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         beta: float = 0.4,
         eps: float = 1e-6,
     ) -> None:
-        if alpha < 0:
-            raise ValueError(f"alpha must be >= 0, got {alpha}")
+        self.check_priority_config(alpha, eps)
         if beta < 0:
             raise ValueError(f"beta must be >= 0, got {beta}")
-        if eps <= 0:
-            raise ValueError(f"eps must be > 0, got {eps}")
         super().__init__(capacity, observation_space, action_space, num_envs, n_step, gamma, seed)
         self.alpha, self.beta, self.eps = float(alpha), float(beta), float(eps)
         self.max_priority = 1.0  # largest |td| + eps seen (before the alpha power)
         self._sum_tree = SumTree(self.capacity)
         self._min_tree = MinTree(self.capacity)
+
+    @staticmethod
+    def check_priority_config(alpha: float, eps: float) -> None:
+        """Validate ``alpha`` and ``eps`` (also for callers that build the buffer later)."""
+        if alpha < 0:
+            raise ValueError(f"prioritized replay alpha must be >= 0, got {alpha}")
+        if eps <= 0:
+            raise ValueError(f"prioritized replay eps must be > 0, got {eps}")
 
     @property
     def nbytes(self) -> int:

@@ -32,8 +32,9 @@ class RolloutDataModule(EnvDataModule):
         seed: int | None = None,
         iterations_per_epoch: int = 10,
         sampling_device: str = "cpu",
+        check_finite: bool = True,
     ) -> None:
-        super().__init__(env, num_envs, vectorization, seed, iterations_per_epoch, sampling_device)
+        super().__init__(env, num_envs, vectorization, seed, iterations_per_epoch, sampling_device, check_finite)
         if rollout_fragment_length < 1:
             raise ValueError(f"rollout_fragment_length must be >= 1, got {rollout_fragment_length}")
         self.rollout_fragment_length = rollout_fragment_length
@@ -58,7 +59,6 @@ class RolloutDataModule(EnvDataModule):
 
     def _rollout(self, policy_id: str) -> tuple[SampleBatch, torch.Tensor]:
         """Time-major ``[T, N]`` columns of one fragment and the ``[T, N]`` mask of real transitions."""
-        policy = self.module.sampling_policy(policy_id, self.sampling_device)
         T, N = self.rollout_fragment_length, self.num_envs
         cols: dict[str, torch.Tensor] = {}
         rewards = np.empty((T, N), dtype=np.float32)
@@ -69,7 +69,8 @@ class RolloutDataModule(EnvDataModule):
         for t in range(T):
             obs = torch.from_numpy(self._obs)
             obs_buf[t] = obs
-            out = policy.compute_actions(obs.to(self.sampling_device), explore=True, generator=self.generator)
+            out = self.module.policy_outputs(obs, policy_id, explore=True, generator=self.generator,
+                                             device=self.sampling_device)
             for key, value in out.items():
                 if key not in cols:
                     cols[key] = torch.empty((T, *value.shape), dtype=value.dtype)

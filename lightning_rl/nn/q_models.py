@@ -34,9 +34,6 @@ class QNetwork(nn.Module):
         out_dim = hiddens[-1] if hiddens else in_dim
         self.advantage_head = nn.Linear(out_dim, self.num_actions)
         self.value_head = nn.Linear(out_dim, 1) if dueling else None
-        # Exploration rate used by compute_actions(explore=True); a buffer so that sampling
-        # copies of the network receive it with the weights.
-        self.register_buffer("epsilon", torch.zeros(()), persistent=False)
 
     def forward(self, obs: Tensor) -> Tensor:
         """``[N, *obs_shape]`` -> ``[N, num_actions]`` Q-values."""
@@ -47,14 +44,12 @@ class QNetwork(nn.Module):
         return self.value_head(features) + advantages - advantages.mean(-1, keepdim=True)
 
     def compute_actions(
-        self, obs: Tensor, explore: bool = True, generator: torch.Generator | None = None,
-        epsilon: float | None = None,
+        self, obs: Tensor, explore: bool = True, generator: torch.Generator | None = None, epsilon: float = 0.0
     ) -> dict[str, Tensor]:
-        """Epsilon-greedy actions (greedy when ``explore`` is False)."""
+        """Epsilon-greedy actions (greedy when ``explore`` is False or ``epsilon`` is 0); the
+        algorithm passes its scheduled epsilon (``DQN.exploration_kwargs``)."""
         greedy = self(obs).argmax(-1)
-        if not explore:
-            return {"actions": greedy}
-        eps = float(self.epsilon) if epsilon is None else epsilon
+        eps = epsilon if explore else 0.0
         if eps <= 0:
             return {"actions": greedy}
         n = greedy.shape[0]
