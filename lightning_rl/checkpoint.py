@@ -88,7 +88,7 @@ def resolve_algorithm(name: str) -> type[RLModule]:
     by_name = [cls for path, cls in registry.items() if path.rsplit(".", 1)[-1].lower() == name.lower()]
     if len(by_name) == 1:
         return by_name[0]
-    known = ", ".join(sorted({p.rsplit(".", 1)[-1] for p in registry}))
+    known = ", ".join(sorted({p.rsplit(".", 1)[-1] for p in registry} - {"OnPolicyModule", "OffPolicyModule"}))
     raise CheckpointError(
         f"algorithm {name!r} is not defined in this process (known: {known}); lightning_rl never imports a "
         "module a checkpoint names: import the module that defines it first"

@@ -32,7 +32,7 @@ def main(root: str, ckpt: str | None) -> None:
     if ckpt:
         import torch
 
-        start = torch.load(ckpt, weights_only=True)["lightning_rl"]["counters"]
+        start = torch.load(ckpt, weights_only=True)["lightning_rl"]["global_counters"]
     trainer.fit(model, ckpt_path=ckpt)
     print("RESULT " + json.dumps({"start": start, "end": model.counters}), flush=True)
 

@@ -52,7 +52,7 @@ def test_model_selected_by_name_on_the_command_line(tmp_path):
                  str(tmp_path), "--trainer.enable_progress_bar", "false", cwd=tmp_path)
     (ckpt,) = tmp_path.glob("lightning_logs/version_0/checkpoints/*.ckpt")
     state = torch.load(ckpt, weights_only=True)["lightning_rl"]
-    assert state["algorithm"].endswith("A2C") and state["counters"]["num_iterations"] == 6
+    assert state["algorithm"].endswith("A2C") and state["global_counters"]["num_iterations"] == 6
 
 
 @pytest.mark.parametrize("config", [c for c in CONFIGS if c.stem in ("ppo_cartpole", "dqn_cartpole")],

@@ -56,3 +56,14 @@ def test_tensorboard_event_file_has_the_same_tags(run_dir):
         assert key in tags, f"{key} missing from {event_file}"
     counter = acc.Scalars("counters/num_env_steps_sampled")
     assert [e.step for e in counter] == [int(e.value) for e in counter]
+
+
+def test_validation_metrics_share_the_env_step_axis(tmp_path):
+    model = PPO(env="CartPole-v1", num_envs=4, rollout_fragment_length=32, seed=0, total_env_steps=4 * 128 * 3,
+                iterations_per_epoch=4, evaluation_interval=1, evaluation_num_episodes=2)
+    quiet_trainer(logger=CSVLogger(tmp_path, name="csv"), log_every_n_steps=1, num_sanity_val_steps=0).fit(model)
+    rows = list(csv.DictReader(next(tmp_path.glob("csv/version_0/metrics.csv")).open()))
+    val_steps = [int(float(r["step"])) for r in rows if r.get("val/episode_return_mean")]
+    train_steps = [int(float(r["step"])) for r in rows if r.get("counters/num_env_steps_sampled")]
+    assert val_steps == [512, 1024, 1536]  # evaluated at the end of each epoch of 4 x 128 env steps
+    assert set(val_steps) <= set(train_steps)  # one x axis for training and validation curves

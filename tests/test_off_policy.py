@@ -182,3 +182,63 @@ def test_buffer_smaller_than_train_batch():
         DQN(buffer_size=100, train_batch_size=256)
     with pytest.raises(ValueError, match=r"buffer capacity \(4\) gives 4 rows per env .* n_step=3 needs at least 5"):
         ReplayDataModule("CartPole-v1", buffer_size=4, n_step=3)
+
+
+def test_replay_loop_matches_a_hand_written_loop():
+    """Per gradient step: sample (at the current beta) -> update -> priorities of exactly those rows ->
+    Polyak target update, as the reference does; checked against the same steps written out by hand."""
+    import copy
+
+    import pytorch_lightning as pl
+
+    from lightning_rl.data.replay_buffer import PrioritizedReplayBuffer
+    from lightning_rl.functional import soft_update_
+
+    kwargs = dict(prioritized_replay=True, num_gradient_steps=3, tau=0.5, target_network_update_freq=0,
+                  learning_starts=64, grad_clip=0.5, prioritized_replay_beta=0.5)
+    captured = {}
+
+    class Capture(pl.Callback):
+        def on_train_batch_start(self, trainer, module, batch, batch_idx):
+            if batch.replay is not None and "before" not in captured:
+                buffer = batch.replay.buffer
+                captured["before"] = copy.deepcopy(dict(
+                    q=module.policies.state_dict(), target=module.target_q.state_dict(),
+                    opt=module.optimizers().optimizer.state_dict(),
+                    buffer={k: v.copy() if isinstance(v, np.ndarray) else v for k, v in buffer.state_dict().items()},
+                    spaces=(buffer.observation_space, buffer.action_space)))
+
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            if "before" in captured and "after" not in captured:
+                captured["after"] = copy.deepcopy(dict(
+                    q=module.policies.state_dict(), target=module.target_q.state_dict(),
+                    priorities=batch.replay.buffer.priorities(np.arange(batch.replay.buffer.capacity))))
+
+    model = dqn(**kwargs)
+    fit_iterations(model, 3, callbacks=[Capture()])
+    assert model.counters["num_grad_updates"] == 3 * 2  # learning started with the 2nd iteration
+
+    # the same gradient steps by hand, from the captured state
+    before = captured["before"]
+    by_hand = dqn(**kwargs)
+    by_hand.policies.load_state_dict(before["q"])
+    by_hand.target_q.load_state_dict(before["target"])
+    params = list(by_hand.policies.parameters())
+    optimizer = torch.optim.Adam(params, lr=1e-3, fused=True)
+    optimizer.load_state_dict(before["opt"])
+    buffer = PrioritizedReplayBuffer(1000, *before["spaces"], num_envs=1, n_step=3, gamma=0.99, alpha=0.6, eps=1e-6)
+    buffer.load_state_dict(before["buffer"])
+    for _ in range(3):
+        batch = buffer.sample(32, beta=0.5)  # no budget: beta stays at prioritized_replay_beta
+        loss, results = by_hand.loss("default_policy", batch)
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 0.5)
+        optimizer.step()
+        buffer.update_priorities(batch["batch_indexes"], results["td_error"])  # before the next sample
+        soft_update_(list(by_hand.target_q.parameters()), params, 0.5)  # tau after every gradient step
+
+    after = captured["after"]
+    torch.testing.assert_close(by_hand.policies.state_dict(), after["q"], rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(by_hand.target_q.state_dict(), after["target"], rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(buffer.priorities(np.arange(buffer.capacity)), after["priorities"], rtol=1e-5)

@@ -356,7 +356,7 @@ def test_load_model_errors_name_the_file(runs, tmp_path):
     torch.save({"weights": torch.zeros(3)}, plain)
     with pytest.raises(ValueError, match=r"plain\.pt"):
         load_model(plain)
-    with pytest.raises(ValueError, match="unknown algo 'TRPO'"):
+    with pytest.raises(ValueError, match="algorithm 'TRPO' is not defined in this process"):
         load_model(runs / "ppo_cartpole.ckpt", algo="TRPO")
     assert recording.main(["--ckpt_path", str(tmp_path / "nope.ckpt")]) == 1
 

@@ -332,7 +332,8 @@ class RLModule(pl.LightningModule):
             raise NonFiniteLossError(
                 f"non-finite loss at iteration {self.counters['num_iterations']} "
                 f"(env step {self.global_counters['num_env_steps_sampled']}): "
-                + (", ".join(f"{n} = {float(terms[n])}" for n in bad) if bad else f"loss = {float(loss)}")
+                + (", ".join(f"{n} = {terms[n].detach().float().mean().item()}" for n in bad) if bad
+                   else f"loss = {loss.item()}")
                 + "; the weights were not stepped"
             )
         grads = self._flat_grads.get(optimizer)
