@@ -39,7 +39,7 @@ from lightning_rl.checkpoint import (
     pack_rank_states,
     unpack_rank_state,
 )
-from lightning_rl.data.base import EnvDataModule, new_generator
+from lightning_rl.data.base import EnvDataModule, new_generator, rank_seed
 from lightning_rl.data.envs import EnvSpec, env_spaces
 from lightning_rl.distributed import FlatGradients, bypass_ddp_gradient_sync, check_strategy, sum_over_ranks
 from lightning_rl.evaluation import evaluate
@@ -167,6 +167,7 @@ class RLModule(pl.LightningModule):
         self.policies = nn.ModuleDict()
         self.policies_to_train: list[str] = [DEFAULT_POLICY_ID]
         self.shuffle_generator = new_generator(seed)
+        self.learner_generator = new_generator(seed)  # moves to the learner's device in setup()
         self.default_datamodule: EnvDataModule | None = None
         self._default_datamodule_active = False
         self._sampling_copies: dict[tuple[str, torch.device], tuple[int, nn.Module]] = {}
@@ -407,6 +408,13 @@ class RLModule(pl.LightningModule):
         self.log("step", float(self.global_counters["num_env_steps_sampled"]), batch_size=1)
 
     # ---------------------------------------------------------------- Lightning hooks
+    def setup(self, stage: str) -> None:
+        # The update's own random numbers (SAC's reparameterized actions) come from a seeded
+        # generator on the learner's device, per rank, saved in checkpoints: never from torch's
+        # global RNG, which the seed does not reach.
+        rank = self.trainer.global_rank if self._trainer is not None else 0
+        self.learner_generator = new_generator(rank_seed(self.seed, rank), self.device)
+
     def on_fit_start(self) -> None:
         trainer = self.trainer
         self.process_settings.apply(trainer.local_rank, trainer.num_devices, self.device.type == "cpu")
@@ -458,6 +466,8 @@ class RLModule(pl.LightningModule):
         local = {
             "counters": dict(self.counters),
             "shuffle_generator": self.shuffle_generator.get_state(),
+            "learner_generator": self.learner_generator.get_state(),
+            "learner_generator_device": self.learner_generator.device.type,
             "torch_rng": torch.get_rng_state(),
         }
         dm_state = self.default_datamodule.state_dict() if self.default_datamodule is not None else None
@@ -479,6 +489,8 @@ class RLModule(pl.LightningModule):
         if mine is not None:
             self.counters.update(mine["counters"])
             self.shuffle_generator.set_state(mine["shuffle_generator"])
+            if mine.get("learner_generator_device") == self.learner_generator.device.type:  # same kind of device
+                self.learner_generator.set_state(mine["learner_generator"])
             torch.set_rng_state(mine["torch_rng"])
         else:  # another world size: local counters as an even share of the global ones
             self.counters.update({k: v // size for k, v in self.global_counters.items()})

@@ -121,13 +121,13 @@ class SAC(OffPolicyModule):
         actor_opt, critic_opt, alpha_opt = self.optimizers()
         obs, weights = batch[SampleBatch.OBS], batch[SampleBatch.WEIGHTS]
 
-        new_actions, logp = actor(obs)
+        new_actions, logp = actor(obs, generator=self.learner_generator)
         alpha_loss = -(self.log_alpha[policy_id] * (logp.detach() + self.target_entropy)).mean()
         self.optimize(alpha_opt, alpha_loss, self.grad_clip, {"alpha_loss": alpha_loss})
         alpha = self.log_alpha[policy_id].detach().exp()
 
         with torch.no_grad():
-            next_actions, next_logp = actor(batch[SampleBatch.NEXT_OBS])
+            next_actions, next_logp = actor(batch[SampleBatch.NEXT_OBS], generator=self.learner_generator)
             next_q = torch.minimum(*target_critic(batch[SampleBatch.NEXT_OBS], next_actions)) - alpha * next_logp
             not_done = 1.0 - batch[SampleBatch.TERMINATEDS].float()
             target = batch[SampleBatch.REWARDS] + batch[SampleBatch.DISCOUNTS] * not_done * next_q
