@@ -7,6 +7,8 @@ The configurations are those of ``tests/test_learning.py`` (the README's learnin
 * ``ppo_pendulum``: PPO on Pendulum-v1 at rl-zoo's settings without gSDE, 300k env steps;
 * ``dqn_cartpole``: DQN on CartPole-v1, the defaults (double Q, dueling, 3-step) with a linear
   learning-rate decay, 60k env steps;
+* ``dqn_cartpole_defaults``: the same with every default, constant learning rate (not run by
+  default; ``--algos dqn_cartpole_defaults``);
 * ``sac_pendulum``: SAC on Pendulum-v1, the defaults, 20k env steps.
 
 DD-PPO (2 CPU ranks under DDP) is left out: each run here is one process, and a DDP run would
@@ -145,6 +147,10 @@ CONFIGS: dict[str, Config] = {
     "dqn_cartpole": Config(
         "DQN CartPole-v1, defaults", DQN, 60_000, 475.0,
         dict(env="CartPole-v1", lr_schedule="linear"), est_s=300, required_solved=0.8,
+    ),
+    "dqn_cartpole_defaults": Config(
+        "DQN CartPole-v1, pure defaults (constant lr)", DQN, 60_000, 475.0, dict(env="CartPole-v1"),
+        est_s=300, required_solved=0.8,
     ),
     "sac_pendulum": Config("SAC Pendulum-v1, defaults", SAC, 20_000, -200.0, dict(env="Pendulum-v1"), est_s=500),
 }
@@ -450,7 +456,8 @@ def report(runs: Sequence[dict[str, Any]], meta: dict[str, Any], png: Path | Non
 # --------------------------------------------------------------------------- main
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--algos", default=",".join(CONFIGS), help=f"comma-separated subset of {','.join(CONFIGS)}")
+    default_algos = ",".join(n for n in CONFIGS if n != "dqn_cartpole_defaults")
+    p.add_argument("--algos", default=default_algos, help=f"comma-separated subset of {','.join(CONFIGS)}")
     p.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated seeds (default 0,1,2,3,4)")
     p.add_argument("--workers", type=int, default=2, help="runs at a time, one process and torch thread each")
     p.add_argument("--out", default=None, help="PNG of the curves (default docs/learning_seeds.png); the runs go "
