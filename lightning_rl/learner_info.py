@@ -99,6 +99,52 @@ class LearnerInfoBuilder:
             self.add_learn_on_batch_results(results, policy_id)
 
     def finalize(self) -> dict[str, dict[str, Any]]:
-        """Reduce every policy's results leaf by leaf (see ``reduce_leaf``); call once."""
+        """Reduce every policy's results leaf by leaf (see ``reduce_leaf``); call once.
+
+        Tensor results stay on their device until here and come to the host in one transfer
+        per device (a ``.item()`` per stat per minibatch would sync hundreds of times per
+        iteration on a GPU)."""
         self._finalized = True
-        return {pid: _reduce_tree(results) for pid, results in self._results.items()}
+        return {pid: _reduce_tree(rs) for pid, rs in _to_host(self._results).items()}
+
+
+def _collect(tree: Any, out: list[torch.Tensor]) -> None:
+    if isinstance(tree, Mapping):
+        for v in tree.values():
+            _collect(v, out)
+    elif isinstance(tree, list):
+        for v in tree:
+            _collect(v, out)
+    elif isinstance(tree, torch.Tensor):
+        out.append(tree)
+
+
+def _to_host(results: dict[str, list[Mapping[str, Any]]]) -> dict[str, list[Mapping[str, Any]]]:
+    """The tensors of ``results`` replaced by host copies, fetched with one transfer per device."""
+    tensors: list[torch.Tensor] = []
+    _collect(results, tensors)
+    if not tensors:
+        return results
+    host: dict[int, Any] = {}
+    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+    for t in tensors:
+        groups.setdefault((t.device, t.dtype), []).append(t)
+    for group in groups.values():
+        flat = torch.cat([t.detach().reshape(-1) for t in group]).cpu().numpy()
+        offset = 0
+        for t in group:
+            n = t.numel()
+            host[id(t)] = flat[offset].item() if t.dim() == 0 else flat[offset:offset + n].reshape(t.shape).copy()
+            offset += n
+    return _replace(results, host)
+
+
+def _replace(tree: Any, host: dict[int, Any]) -> Any:
+    if isinstance(tree, Mapping):
+        return {k: _replace(v, host) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [_replace(v, host) for v in tree]
+    if isinstance(tree, torch.Tensor):
+        return host[id(tree)]
+    return tree
+

@@ -13,6 +13,7 @@ from lightning_rl.algorithms.on_policy import OnPolicyModule
 from lightning_rl.batch import SampleBatch
 from lightning_rl.data.envs import EnvSpec
 from lightning_rl.functional import explained_variance, value_loss
+from lightning_rl.update import call
 
 
 class A2C(OnPolicyModule):
@@ -45,6 +46,7 @@ class A2C(OnPolicyModule):
         evaluation_interval: int | None = None,
         evaluation_num_episodes: int = 10,
         check_finite: bool = True,
+        compile: bool = False,
         lr: float = 7e-4,
         lr_schedule: Schedule = None,
         gamma: float = 0.99,
@@ -64,7 +66,7 @@ class A2C(OnPolicyModule):
             total_env_steps=total_env_steps, iterations_per_epoch=iterations_per_epoch, seed=seed,
             vectorization=vectorization, sampling_device=sampling_device, num_cpu_threads=num_cpu_threads,
             cpu_affinity=cpu_affinity, evaluation_interval=evaluation_interval,
-            evaluation_num_episodes=evaluation_num_episodes, check_finite=check_finite,
+            evaluation_num_episodes=evaluation_num_episodes, check_finite=check_finite, compile=compile,
             lr=lr, lr_schedule=lr_schedule, gamma=gamma, lambda_=lambda_,
             num_sgd_iter=1, sgd_minibatch_size=num_envs * rollout_fragment_length,
             grad_clip=grad_clip, standardize_fields=standardize_fields, hiddens=hiddens, activation=activation,
@@ -81,8 +83,11 @@ class A2C(OnPolicyModule):
             return super().make_optimizer(params)
         return torch.optim.RMSprop(params, lr=self.lr, alpha=0.99, eps=1e-5)
 
-    def loss(self, policy_id: str, batch: SampleBatch) -> tuple[Tensor, dict[str, Any]]:
-        dist, values = self.policies[policy_id](batch[SampleBatch.OBS])
+    def loss(
+        self, policy_id: str, batch: SampleBatch, params: dict[str, Tensor] | None = None,
+        scalars: dict[str, Any] | None = None,
+    ) -> tuple[Tensor, dict[str, Any]]:
+        dist, values = call(self.policies[policy_id], params, batch[SampleBatch.OBS])
         logp = dist.log_prob(batch[SampleBatch.ACTIONS])
 
         pg_loss = -(logp * batch[SampleBatch.ADVANTAGES]).mean()

@@ -46,6 +46,7 @@ from lightning_rl.evaluation import evaluate
 from lightning_rl.functional import piecewise_linear
 from lightning_rl.learner_info import LearnerInfoBuilder
 from lightning_rl.process import ProcessSettings
+from lightning_rl.update import LossFn, UpdateStep, nonfinite_terms
 
 log = logging.getLogger(__name__)
 # Without evaluation_interval the val loader is deliberately empty.
@@ -136,6 +137,9 @@ class RLModule(pl.LightningModule):
             validation then plays ``evaluation_num_episodes`` greedy episodes on separate
             envs and logs ``val/episode_return_mean``, which ``ModelCheckpoint(monitor=...)``
             and ``EarlyStopping`` can use.
+        compile: run every update step as compiled graphs (``update.py``); where compiling
+            cannot work it falls back to eager with one warning. Same results up to float
+            rounding; see the README for when it pays.
     """
 
     def __init__(
@@ -148,6 +152,7 @@ class RLModule(pl.LightningModule):
         cpu_affinity: bool,
         evaluation_interval: int | None,
         evaluation_num_episodes: int,
+        compile: bool = False,
     ) -> None:
         super().__init__()
         self.automatic_optimization = False
@@ -161,6 +166,8 @@ class RLModule(pl.LightningModule):
         self.evaluation_interval = evaluation_interval
         self.evaluation_num_episodes = evaluation_num_episodes
         self.process_settings = ProcessSettings(num_cpu_threads, cpu_affinity)
+        self.compile = bool(compile)
+        self._update_steps: dict[str, UpdateStep] = {}  # built once per fit
         self.observation_space, self.action_space = env_spaces(env)
         self.counters: dict[str, int] = dict.fromkeys(COUNTER_NAMES, 0)
         self.global_counters: dict[str, int] = dict(self.counters)
@@ -348,6 +355,35 @@ class RLModule(pl.LightningModule):
             self.clip_gradients(optimizer, grad_clip, gradient_clip_algorithm="norm")
         optimizer.step()
 
+    def update_step(
+        self, name: str, params: dict[str, nn.Parameter], optimizer: Any, loss_fn: LossFn,
+        grad_clip: float | None, dynamic_rows: bool = False,
+    ) -> UpdateStep:
+        """The ``UpdateStep`` called ``name`` (built on first use in each fit): eager, or
+        compiled with ``compile=True``."""
+        step = self._update_steps.get(name)
+        if step is None:
+            step = self._update_steps[name] = UpdateStep(
+                self, params, optimizer, loss_fn, grad_clip, self.compile, dynamic_rows, name
+            )
+        return step
+
+    def check_updates(self, learner_info: dict[str, Any]) -> None:
+        """Stop fit if a compiled step met a non-finite loss this iteration (one host read of
+        the steps' flags per iteration; the eager step raises at once)."""
+        steps = [s for s in self._update_steps.values() if s.ok is not None]
+        if not steps or bool(torch.stack([s.ok for s in steps]).all()):
+            return
+        bad = nonfinite_terms(learner_info)
+        bad = [n for n in bad if n != "total_loss"] or bad
+        raise NonFiniteLossError(
+            f"non-finite loss at iteration {self.counters['num_iterations']} "
+            f"(env step {self.global_counters['num_env_steps_sampled']}) in the "
+            + ", ".join(repr(s.name) for s in steps if not s.ok) + " update"
+            + (f": {', '.join(bad)}" if bad else "")
+            + "; the weights were not stepped from that minibatch on"
+        )
+
     def training_step(self, batch: MultiAgentBatch, batch_idx: int) -> dict[str, Any]:
         start = time.perf_counter()
         bypass_ddp_gradient_sync(self.trainer)
@@ -355,6 +391,7 @@ class RLModule(pl.LightningModule):
         builder = LearnerInfoBuilder()
         trained = self.learn_on_batch(batch, builder)
         learner_info = builder.finalize()
+        self.check_updates(learner_info)
         self._weights_version += 1
         c = self.counters
         c["num_env_steps_sampled"] += batch.env_steps
@@ -420,6 +457,7 @@ class RLModule(pl.LightningModule):
         self.process_settings.apply(trainer.local_rank, trainer.num_devices, self.device.type == "cpu")
         check_strategy(trainer)
         self._flat_grads = {}
+        self._update_steps = {}
         # Lightning turns "no limit given" into max_epochs=1000; with an env-step budget the
         # budget is the limit, so lift the epoch cap (a user's explicit max_epochs of 1000
         # is indistinguishable and is lifted too, as documented in the README).

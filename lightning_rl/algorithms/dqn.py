@@ -15,6 +15,7 @@ from lightning_rl.batch import DEFAULT_POLICY_ID, SampleBatch
 from lightning_rl.data.envs import EnvSpec
 from lightning_rl.functional import huber_loss, soft_update_
 from lightning_rl.nn.q_models import QNetwork
+from lightning_rl.update import call
 
 
 class DQN(OffPolicyModule):
@@ -60,6 +61,7 @@ class DQN(OffPolicyModule):
         evaluation_interval: int | None = None,
         evaluation_num_episodes: int = 10,
         check_finite: bool = True,
+        compile: bool = False,
         lr: float = 1e-3,
         lr_schedule: Schedule = None,
         gamma: float = 0.99,
@@ -89,7 +91,7 @@ class DQN(OffPolicyModule):
             env=env, num_envs=num_envs, total_env_steps=total_env_steps, iterations_per_epoch=iterations_per_epoch,
             seed=seed, vectorization=vectorization, sampling_device=sampling_device, num_cpu_threads=num_cpu_threads,
             cpu_affinity=cpu_affinity, evaluation_interval=evaluation_interval,
-            evaluation_num_episodes=evaluation_num_episodes, check_finite=check_finite,
+            evaluation_num_episodes=evaluation_num_episodes, check_finite=check_finite, compile=compile,
             lr=lr, lr_schedule=lr_schedule, gamma=gamma, grad_clip=grad_clip, buffer_size=buffer_size,
             learning_starts=learning_starts, train_freq=train_freq, num_gradient_steps=num_gradient_steps,
             train_batch_size=train_batch_size, n_step=n_step, target_network_update_freq=target_network_update_freq,
@@ -117,27 +119,36 @@ class DQN(OffPolicyModule):
     def exploration_kwargs(self, policy_id: str) -> dict[str, Any]:
         return {"epsilon": self.current(self.epsilon_points, 0.0)}
 
-    def loss(self, policy_id: str, batch: SampleBatch) -> tuple[torch.Tensor, dict[str, Any]]:
-        """The TD loss of one replay minibatch and its results (``learner_stats``, ``td_error``)."""
+    def loss(
+        self, policy_id: str, batch: SampleBatch, params: dict[str, torch.Tensor] | None = None,
+        scalars: dict[str, Any] | None = None,
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        """The TD loss of one replay minibatch and its results (``learner_stats``, ``td_error``);
+        ``params`` replaces the online network's parameters (the compiled step)."""
         q_net, target_net = self.policies[policy_id], self.target_q[policy_id]
-        q = q_net(batch[SampleBatch.OBS]).gather(-1, batch[SampleBatch.ACTIONS].long().unsqueeze(-1)).squeeze(-1)
+        q_all = call(q_net, params, batch[SampleBatch.OBS])
+        q = q_all.gather(-1, batch[SampleBatch.ACTIONS].long().unsqueeze(-1)).squeeze(-1)
         with torch.no_grad():
             next_obs = batch[SampleBatch.NEXT_OBS]
             next_target_q = target_net(next_obs)
-            chooser = q_net(next_obs) if self.double_q else next_target_q
+            chooser = call(q_net, params, next_obs) if self.double_q else next_target_q
             next_q = next_target_q.gather(-1, chooser.argmax(-1, keepdim=True)).squeeze(-1)
             not_done = 1.0 - batch[SampleBatch.TERMINATEDS].float()
             target = batch[SampleBatch.REWARDS] + batch[SampleBatch.DISCOUNTS] * not_done * next_q
         td_error = q - target
         loss = (batch[SampleBatch.WEIGHTS] * huber_loss(td_error)).mean()
         q = q.detach()
-        stats = {"loss": loss.detach(), "mean_q": q.mean(), "max_q": q.max(), "min_q": q.min(),
-                 "cur_epsilon": self.exploration_kwargs(policy_id)["epsilon"]}
+        stats = {"loss": loss.detach(), "mean_q": q.mean(), "max_q": q.max(), "min_q": q.min()}
         return loss, {"learner_stats": stats, "td_error": td_error.detach()}
 
     def update(self, policy_id: str, batch: SampleBatch) -> dict[str, Any]:
-        loss, results = self.loss(policy_id, batch)
-        self.optimize(self.policy_optimizer(policy_id), loss, self.grad_clip, {"loss": loss})
+        step = self.update_step(
+            f"q/{policy_id}", dict(self.policies[policy_id].named_parameters()), self.policy_optimizer(policy_id),
+            lambda params, b, scalars: self.loss(policy_id, b) if params is None else self.loss(policy_id, b, params),
+            self.grad_clip,
+        )
+        results = step(batch)
+        results["learner_stats"]["cur_epsilon"] = self.exploration_kwargs(policy_id)["epsilon"]
         return results
 
     def update_targets(self) -> None:

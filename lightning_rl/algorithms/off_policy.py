@@ -41,6 +41,7 @@ class OffPolicyModule(RLModule):
         evaluation_interval: int | None,
         evaluation_num_episodes: int,
         check_finite: bool,
+        compile: bool,
         lr: float,
         lr_schedule: Schedule,
         gamma: float,
@@ -62,7 +63,7 @@ class OffPolicyModule(RLModule):
         super().__init__(
             env=env, total_env_steps=total_env_steps, seed=seed, num_cpu_threads=num_cpu_threads,
             cpu_affinity=cpu_affinity, evaluation_interval=evaluation_interval,
-            evaluation_num_episodes=evaluation_num_episodes,
+            evaluation_num_episodes=evaluation_num_episodes, compile=compile,
         )
         check_positive(lr=lr, grad_clip=grad_clip, num_gradient_steps=num_gradient_steps,
                        train_batch_size=train_batch_size)

@@ -45,6 +45,7 @@ class OnPolicyModule(RLModule):
         evaluation_interval: int | None,
         evaluation_num_episodes: int,
         check_finite: bool,
+        compile: bool,
         lr: float,
         lr_schedule: Schedule,
         gamma: float,
@@ -61,7 +62,7 @@ class OnPolicyModule(RLModule):
         super().__init__(
             env=env, total_env_steps=total_env_steps, seed=seed, num_cpu_threads=num_cpu_threads,
             cpu_affinity=cpu_affinity, evaluation_interval=evaluation_interval,
-            evaluation_num_episodes=evaluation_num_episodes,
+            evaluation_num_episodes=evaluation_num_episodes, compile=compile,
         )
         self.default_datamodule = RolloutDataModule(
             env, num_envs, rollout_fragment_length, vectorization, seed, iterations_per_epoch, sampling_device,
@@ -126,9 +127,26 @@ class OnPolicyModule(RLModule):
         return flat.select(valid.reshape(-1))
 
     # ------------------------------------------------------------ minibatch SGD
-    def loss(self, policy_id: str, batch: SampleBatch) -> tuple[Tensor, dict[str, Any]]:
-        """The algorithm's loss on one minibatch and the stats to report."""
+    def loss(
+        self, policy_id: str, batch: SampleBatch, params: dict[str, Tensor] | None = None,
+        scalars: dict[str, Any] | None = None,
+    ) -> tuple[Tensor, dict[str, Any]]:
+        """The algorithm's loss on one minibatch and the stats to report. ``params`` replaces
+        the policy's parameters (the compiled step's functional call, see ``update.call``);
+        ``scalars`` defaults to ``loss_scalars``."""
         raise NotImplementedError
+
+    def loss_scalars(self, policy_id: str) -> dict[str, float]:
+        """This iteration's schedule values the loss reads (tensors in the compiled step, so a
+        schedule never recompiles)."""
+        return {}
+
+    def _loss_fn(self, policy_id: str) -> Any:
+        def loss_fn(params: dict[str, Tensor] | None, batch: Any, scalars: dict[str, Any]) -> Any:
+            if params is None:  # eager: the loss reads its own scalars
+                return self.loss(policy_id, batch)
+            return self.loss(policy_id, batch, params, scalars)
+        return loss_fn
 
     def learn_on_batch(self, batch: MultiAgentBatch, builder: LearnerInfoBuilder) -> int:
         trained = 0
@@ -148,10 +166,12 @@ class OnPolicyModule(RLModule):
             batch[field] = standardized(batch[field], moments=stats)
         optimizer = self.policy_optimizer(policy_id)
         lr = self.set_lr(self.current(self.lr_points, self.lr), optimizer)
+        step = self.update_step(f"loss/{policy_id}", dict(self.policies[policy_id].named_parameters()), optimizer,
+                                self._loss_fn(policy_id), self.grad_clip, dynamic_rows=True)
+        scalars = self.loss_scalars(policy_id)
         for _ in range(self.num_sgd_iter):
             order = torch.randperm(batch.count, generator=self.shuffle_generator).to(self.device)
             for rows in order.tensor_split(self.num_minibatches):
-                loss, stats = self.loss(policy_id, batch.select(rows))
-                self.optimize(optimizer, loss, self.grad_clip, stats)
+                stats = step(batch.select(rows), scalars)
                 self.counters["num_grad_updates"] += 1
                 builder.add_learn_on_batch_results({LEARNER_STATS_KEY: {**stats, "cur_lr": lr}}, policy_id)

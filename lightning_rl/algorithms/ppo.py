@@ -13,6 +13,7 @@ from lightning_rl.algorithms.on_policy import OnPolicyModule
 from lightning_rl.batch import DEFAULT_POLICY_ID, SampleBatch
 from lightning_rl.data.envs import EnvSpec
 from lightning_rl.functional import explained_variance, ppo_surrogate_loss, value_loss
+from lightning_rl.update import call
 
 
 class PPO(OnPolicyModule):
@@ -50,6 +51,7 @@ class PPO(OnPolicyModule):
         evaluation_interval: int | None = None,
         evaluation_num_episodes: int = 10,
         check_finite: bool = True,
+        compile: bool = False,
         lr: float = 3e-4,
         lr_schedule: Schedule = None,
         gamma: float = 0.99,
@@ -75,7 +77,7 @@ class PPO(OnPolicyModule):
             total_env_steps=total_env_steps, iterations_per_epoch=iterations_per_epoch, seed=seed,
             vectorization=vectorization, sampling_device=sampling_device, num_cpu_threads=num_cpu_threads,
             cpu_affinity=cpu_affinity, evaluation_interval=evaluation_interval,
-            evaluation_num_episodes=evaluation_num_episodes, check_finite=check_finite,
+            evaluation_num_episodes=evaluation_num_episodes, check_finite=check_finite, compile=compile,
             lr=lr, lr_schedule=lr_schedule, gamma=gamma, lambda_=lambda_,
             num_sgd_iter=num_sgd_iter, sgd_minibatch_size=sgd_minibatch_size,
             grad_clip=grad_clip, standardize_fields=standardize_fields, hiddens=hiddens, activation=activation,
@@ -92,10 +94,17 @@ class PPO(OnPolicyModule):
         self.kl_coeff = {DEFAULT_POLICY_ID: float(kl_coeff)}
         self.kl_target = kl_target
 
-    def loss(self, policy_id: str, batch: SampleBatch) -> tuple[Tensor, dict[str, Any]]:
-        dist, values = self.policies[policy_id](batch[SampleBatch.OBS])
+    def loss_scalars(self, policy_id: str) -> dict[str, float]:
+        return {"clip_param": self.current(self.clip_points, self.clip_param), "kl_coeff": self.kl_coeff[policy_id]}
+
+    def loss(
+        self, policy_id: str, batch: SampleBatch, params: dict[str, Tensor] | None = None,
+        scalars: dict[str, Any] | None = None,
+    ) -> tuple[Tensor, dict[str, Any]]:
+        scalars = self.loss_scalars(policy_id) if scalars is None else scalars
+        clip_param, kl_coeff = scalars["clip_param"], scalars["kl_coeff"]
+        dist, values = call(self.policies[policy_id], params, batch[SampleBatch.OBS])
         logp = dist.log_prob(batch[SampleBatch.ACTIONS])
-        clip_param = self.current(self.clip_points, self.clip_param)
 
         old_logp = batch[SampleBatch.ACTION_LOGP]
         pg_loss, ratio = ppo_surrogate_loss(logp, old_logp, batch[SampleBatch.ADVANTAGES], clip_param)
@@ -104,11 +113,9 @@ class PPO(OnPolicyModule):
         # KL(old || new) by the non-negative, unbiased estimator (r - 1) - log r (Schulman 2020, "Approximating KL").
         log_ratio = logp - old_logp
         kl = ((ratio - 1) - log_ratio).mean()
-        kl_coeff = self.kl_coeff[policy_id]
 
-        total_loss = pg_loss + self.vf_loss_coeff * vf_loss - self.entropy_coeff * entropy
-        if kl_coeff > 0:
-            total_loss = total_loss + kl_coeff * kl
+        # Branch-free (one compiled graph whatever the coefficient); a zero coefficient adds 0.
+        total_loss = pg_loss + self.vf_loss_coeff * vf_loss - self.entropy_coeff * entropy + kl_coeff * kl
 
         with torch.no_grad():
             stats = {

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from lightning_rl.algorithms.base import Schedule
 from lightning_rl.algorithms.off_policy import OffPolicyModule
@@ -16,6 +17,7 @@ from lightning_rl.batch import DEFAULT_POLICY_ID, SampleBatch
 from lightning_rl.data.envs import EnvSpec
 from lightning_rl.functional import soft_update_
 from lightning_rl.nn.q_models import SquashedGaussianActor, TwinQ
+from lightning_rl.update import call
 
 
 class SAC(OffPolicyModule):
@@ -56,6 +58,7 @@ class SAC(OffPolicyModule):
         evaluation_interval: int | None = None,
         evaluation_num_episodes: int = 10,
         check_finite: bool = True,
+        compile: bool = False,
         lr: float = 1e-3,
         lr_schedule: Schedule = None,
         gamma: float = 0.99,
@@ -82,7 +85,7 @@ class SAC(OffPolicyModule):
             env=env, num_envs=num_envs, total_env_steps=total_env_steps, iterations_per_epoch=iterations_per_epoch,
             seed=seed, vectorization=vectorization, sampling_device=sampling_device, num_cpu_threads=num_cpu_threads,
             cpu_affinity=cpu_affinity, evaluation_interval=evaluation_interval,
-            evaluation_num_episodes=evaluation_num_episodes, check_finite=check_finite,
+            evaluation_num_episodes=evaluation_num_episodes, check_finite=check_finite, compile=compile,
             lr=lr, lr_schedule=lr_schedule, gamma=gamma, grad_clip=grad_clip, buffer_size=buffer_size,
             learning_starts=learning_starts, train_freq=train_freq, num_gradient_steps=num_gradient_steps,
             train_batch_size=train_batch_size, n_step=n_step, target_network_update_freq=target_network_update_freq,
@@ -116,33 +119,61 @@ class SAC(OffPolicyModule):
             torch.optim.Adam([self.log_alpha[pid]], lr=self.lr),
         ]
 
-    def update(self, policy_id: str, batch: SampleBatch) -> dict[str, Any]:
-        actor, critic, target_critic = self.policies[policy_id], self.critics[policy_id], self.target_critics[policy_id]
-        actor_opt, critic_opt, alpha_opt = self.optimizers()
-        obs, weights = batch[SampleBatch.OBS], batch[SampleBatch.WEIGHTS]
-
-        new_actions, logp = actor(obs, generator=self.learner_generator)
-        alpha_loss = -(self.log_alpha[policy_id] * (logp.detach() + self.target_entropy)).mean()
-        self.optimize(alpha_opt, alpha_loss, self.grad_clip, {"alpha_loss": alpha_loss})
-        alpha = self.log_alpha[policy_id].detach().exp()
-
+    def alpha_loss(self, policy_id: str, batch: SampleBatch, params: dict[str, Tensor] | None = None) -> Any:
+        """Temperature loss ``-log_alpha * (log pi(a|s) + target_entropy)`` (Haarnoja et al. 2018b, eq. 18)."""
+        log_alpha = self.log_alpha[policy_id] if params is None else params["log_alpha"]
         with torch.no_grad():
-            next_actions, next_logp = actor(batch[SampleBatch.NEXT_OBS], generator=self.learner_generator)
-            next_q = torch.minimum(*target_critic(batch[SampleBatch.NEXT_OBS], next_actions)) - alpha * next_logp
+            _, logp = self.policies[policy_id](batch[SampleBatch.OBS], noise=batch["noise"])
+        alpha_loss = -(log_alpha * (logp + self.target_entropy)).mean()
+        return alpha_loss, {"alpha_loss": alpha_loss.detach(), "entropy": -logp.mean()}
+
+    def critic_loss(self, policy_id: str, batch: SampleBatch, params: dict[str, Tensor] | None = None) -> Any:
+        """Clipped double-Q soft Bellman error, weighted by the replay's importance weights."""
+        actor, critic = self.policies[policy_id], self.critics[policy_id]
+        with torch.no_grad():
+            alpha = self.log_alpha[policy_id].exp()
+            next_obs = batch[SampleBatch.NEXT_OBS]
+            next_actions, next_logp = actor(next_obs, noise=batch["next_noise"])
+            next_q = torch.minimum(*self.target_critics[policy_id](next_obs, next_actions)) - alpha * next_logp
             not_done = 1.0 - batch[SampleBatch.TERMINATEDS].float()
             target = batch[SampleBatch.REWARDS] + batch[SampleBatch.DISCOUNTS] * not_done * next_q
-        q1, q2 = critic(obs, actor.normalize(batch[SampleBatch.ACTIONS]))
-        critic_loss = 0.5 * (weights * ((q1 - target).pow(2) + (q2 - target).pow(2))).mean()
-        self.optimize(critic_opt, critic_loss, self.grad_clip, {"critic_loss": critic_loss})
+        q1, q2 = call(critic, params, batch[SampleBatch.OBS], actor.normalize(batch[SampleBatch.ACTIONS]))
+        critic_loss = 0.5 * (batch[SampleBatch.WEIGHTS] * ((q1 - target).pow(2) + (q2 - target).pow(2))).mean()
+        return critic_loss, {"critic_loss": critic_loss.detach(), "alpha": alpha, "mean_q": q1.detach().mean(),
+                             "td_error": (q1 - target).detach()}
 
-        actor_loss = (alpha * logp - torch.minimum(*critic(obs, new_actions))).mean()
-        self.optimize(actor_opt, actor_loss, self.grad_clip, {"actor_loss": actor_loss})
-        return {
-            "learner_stats": {"actor_loss": actor_loss.detach(), "critic_loss": critic_loss.detach(),
-                              "alpha_loss": alpha_loss.detach(), "alpha": alpha, "entropy": -logp.detach().mean(),
-                              "mean_q": q1.detach().mean()},
-            "td_error": (q1 - target).detach(),
-        }
+    def actor_loss(self, policy_id: str, batch: SampleBatch, params: dict[str, Tensor] | None = None) -> Any:
+        """``alpha * log pi(a|s) - min Q(s, a)`` with reparameterized ``a`` (the critic just stepped)."""
+        obs = batch[SampleBatch.OBS]
+        new_actions, logp = call(self.policies[policy_id], params, obs, noise=batch["noise"])
+        alpha = self.log_alpha[policy_id].detach().exp()
+        actor_loss = (alpha * logp - torch.minimum(*self.critics[policy_id](obs, new_actions))).mean()
+        return actor_loss, {"actor_loss": actor_loss.detach()}
+
+    def update(self, policy_id: str, batch: SampleBatch) -> dict[str, Any]:
+        """Temperature, then critic, then actor step (the reference's order), each its own
+        optimizer and ``UpdateStep``; the reparameterization noise comes from the seeded
+        ``learner_generator``, drawn outside the (possibly compiled) steps."""
+        actor_opt, critic_opt, alpha_opt = self.optimizers()
+        obs = batch[SampleBatch.OBS]
+        shape = (obs.shape[0], int(self.action_space.shape[0]))
+        batch = SampleBatch(dict(batch))
+        batch["noise"] = torch.randn(shape, generator=self.learner_generator, device=obs.device)
+        batch["next_noise"] = torch.randn(shape, generator=self.learner_generator, device=obs.device)
+        results: dict[str, Any] = {}
+        for name, params, optimizer, loss in (
+            ("alpha", {"log_alpha": self.log_alpha[policy_id]}, alpha_opt, self.alpha_loss),
+            ("critic", dict(self.critics[policy_id].named_parameters()), critic_opt, self.critic_loss),
+            ("actor", dict(self.policies[policy_id].named_parameters()), actor_opt, self.actor_loss),
+        ):
+            step = self.update_step(f"{name}/{policy_id}", params, optimizer,
+                                    partial(_loss_fn, loss, policy_id), self.grad_clip)
+            results.update(step(batch))
+        return {"td_error": results.pop("td_error"), "learner_stats": results}
 
     def update_targets(self) -> None:
         soft_update_(list(self.target_critics.parameters()), list(self.critics.parameters()), self.tau)
+
+
+def _loss_fn(loss: Any, policy_id: str, params: Any, batch: Any, scalars: Any) -> Any:
+    return loss(policy_id, batch, params)

@@ -87,15 +87,19 @@ class SquashedGaussianActor(nn.Module):
         return (actions - self.action_mid) / self.action_half
 
     def forward(
-        self, obs: Tensor, deterministic: bool = False, generator: torch.Generator | None = None
+        self, obs: Tensor, deterministic: bool = False, generator: torch.Generator | None = None,
+        noise: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
-        """Reparameterized ``[N, dim]`` actions in ``[-1, 1]`` and their ``[N]`` log-probs."""
+        """Reparameterized ``[N, dim]`` actions in ``[-1, 1]`` and their ``[N]`` log-probs; the
+        standard-normal ``noise`` is drawn from ``generator`` unless given (the compiled update
+        draws it outside the graph)."""
         mean, log_std = self.head(self.encoder(preprocess_obs(obs, self.observation_space))).chunk(2, dim=-1)
         log_std = log_std.clamp(self.LOG_STD_MIN, self.LOG_STD_MAX)
         if deterministic:
             pre_tanh = mean
         else:
-            noise = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
+            if noise is None:
+                noise = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
             pre_tanh = mean + noise * log_std.exp()
         z = (pre_tanh - mean) * torch.exp(-log_std)
         logp = (-0.5 * z.pow(2) - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)

@@ -1,0 +1,282 @@
+"""The update step: loss -> gradients -> DDP mean -> norm clipping -> optimizer step.
+
+``UpdateStep`` runs it eagerly (the loss's backward through Lightning, the optimizer's own
+``step``) or, with ``compile=True``, as compiled graphs. Small-network updates are bound by
+per-op dispatch, not arithmetic, so the compiled step writes the whole update as one
+fullgraph function: the loss as a pure function of (parameters, minibatch) differentiated by
+``torch.func.grad_and_value``, norm clipping, and Adam/RMSprop as tensor math that updates
+the real ``torch.optim`` state tensors in place (so Lightning still checkpoints, restores and
+monitors the optimizers, and a run may resume with ``compile`` switched). Learning rates and
+schedule values are 0-dim tensors filled before each call, so a schedule never recompiles,
+and nothing in the step reads a value back to the host.
+
+A non-finite loss cannot raise inside a compiled graph without a host sync per step, so the
+compiled step keeps an ``ok`` flag on the device: from the first non-finite loss on, the step
+leaves parameters and optimizer state untouched, and the learner reads the flag once per
+iteration (``RLModule.check_updates``) and stops fit naming the term. The eager step raises
+at once.
+
+Under DDP the compiled step is two graphs around one flat all-reduce of the gradients.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from lightning_rl.distributed import world_size
+
+# (params or None for the module's own, minibatch, scalars) -> (loss, aux results)
+LossFn = Callable[[dict[str, Tensor] | None, dict[str, Tensor], dict[str, Any]], tuple[Tensor, dict[str, Any]]]
+
+_warned: set[str] = set()
+
+
+def call(module: nn.Module, params: Mapping[str, Tensor] | None, *args: Any, **kwargs: Any) -> Any:
+    """``module(*args, **kwargs)``, with ``params`` (names as in ``module.named_parameters()``)
+    in place of its own parameters when given: how a loss is written once for both the eager
+    step (``params=None``) and the compiled, functional one."""
+    if params is None:
+        return module(*args, **kwargs)
+    return torch.func.functional_call(module, dict(params), args, kwargs)
+
+
+def sub_params(params: Mapping[str, Tensor] | None, prefix: str) -> dict[str, Tensor] | None:
+    """The entries of ``params`` under ``prefix.`` with the prefix removed (``None`` stays ``None``)."""
+    if params is None:
+        return None
+    cut = len(prefix) + 1
+    return {k[cut:]: v for k, v in params.items() if k.startswith(prefix + ".")}
+
+
+def warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        warnings.warn(message, stacklevel=3)
+
+
+class _Unsupported(Exception):
+    """This optimizer or platform has no compiled step; the update runs eagerly."""
+
+
+class UpdateStep:
+    """One optimizer's update on a loss, eager or compiled.
+
+    Args:
+        owner: the ``RLModule`` (its ``optimize`` is the eager step).
+        params: the parameters ``optimizer`` steps, by the names the loss reads them with.
+        optimizer: the ``LightningOptimizer`` from ``owner.optimizers()``.
+        loss_fn: ``(params, batch, scalars) -> (loss, aux)``; ``params`` is ``None`` in the eager
+            step (use the modules' own parameters, e.g. through ``call``). ``aux`` holds the
+            detached results to report; its non-finite entries are what an error names.
+        grad_clip: max global gradient norm, or ``None``.
+        compile: run compiled; falls back to eager with one warning naming the cause.
+        dynamic_rows: the minibatch's row count varies between calls (compiled once for all).
+        name: for messages.
+    """
+
+    def __init__(
+        self,
+        owner: Any,
+        params: Mapping[str, nn.Parameter],
+        optimizer: Any,
+        loss_fn: LossFn,
+        grad_clip: float | None,
+        compile: bool,
+        dynamic_rows: bool = False,
+        name: str = "update",
+    ) -> None:
+        self.owner, self.optimizer, self.loss_fn = owner, optimizer, loss_fn
+        self.names = [n for n, p in params.items() if p.requires_grad]
+        self.params = [params[n] for n in self.names]
+        self.grad_clip, self.dynamic_rows, self.name = grad_clip, dynamic_rows, name
+        self.compiled = bool(compile)
+        self._built = False
+        self.ok: Tensor | None = None  # False once a non-finite loss was skipped (compiled only)
+        self._scalars: dict[str, Tensor] = {}
+
+    # ------------------------------------------------------------------ entry point
+    def __call__(self, batch: Mapping[str, Any], scalars: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """One update on ``batch``; returns the loss's ``aux`` results (tensors on the device)."""
+        scalars = dict(scalars or {})
+        tensors = {k: v for k, v in batch.items() if isinstance(v, Tensor)}
+        if self.compiled:
+            try:
+                if not self._built:
+                    self._build()
+                return self._compiled_step(tensors, scalars)
+            except Exception as e:
+                if self._built and getattr(self, "_ran", False):
+                    raise  # it compiled and ran before: this is a real error, not a platform gap
+                cause = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+                warn_once(f"compile=True: the {self.name} step could not be compiled ({cause[:300]}); "
+                          "it runs eagerly instead (same results, slower)")
+                self.compiled = False
+        loss, aux = self.loss_fn(None, batch, scalars)
+        self.owner.optimize(self.optimizer, loss, self.grad_clip, _flat_terms(aux, loss))
+        return aux
+
+    # ------------------------------------------------------------------ compiled path
+    def _build(self) -> None:
+        opt = getattr(self.optimizer, "optimizer", self.optimizer)
+        self.torch_optimizer = opt
+        if len(opt.param_groups) != 1:
+            raise _Unsupported("optimizers with several parameter groups")
+        group = opt.param_groups[0]
+        if {id(p) for p in group["params"]} != {id(p) for p in self.params}:
+            raise _Unsupported("the optimizer steps other parameters than the loss's")
+        if isinstance(opt, torch.optim.Adam):
+            if group.get("amsgrad") or group.get("weight_decay") or group.get("maximize"):
+                raise _Unsupported("Adam with amsgrad, weight_decay or maximize")
+            self.kind, self.state_keys = "adam", ("exp_avg", "exp_avg_sq")
+        elif isinstance(opt, torch.optim.RMSprop):
+            if group.get("momentum") or group.get("centered") or group.get("weight_decay") or group.get("maximize"):
+                raise _Unsupported("RMSprop with momentum, centered, weight_decay or maximize")
+            self.kind, self.state_keys = "rmsprop", ("square_avg",)
+        else:
+            raise _Unsupported(f"{type(opt).__name__} (only Adam and RMSprop have a compiled step)")
+        device = self.params[0].device
+        for p in self.params:  # the state torch.optim would create on its first step
+            state = opt.state[p]
+            if "step" not in state:
+                state["step"] = torch.tensor(0.0, dtype=torch.float32, device=device if group.get("fused") else None)
+            for key in self.state_keys:
+                if key not in state:
+                    state[key] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        self.lr = torch.tensor(float(group["lr"]), dtype=torch.float32, device=device)
+        self._lr_value = float(group["lr"])
+        self.ok = torch.ones((), dtype=torch.bool, device=device)
+        self.hyper = (tuple(group["betas"]), float(group["eps"])) if self.kind == "adam" else (
+            float(group["alpha"]), float(group["eps"]))
+        mode = "reduce-overhead" if device.type == "cuda" else None
+        self.world = world_size()
+        self.distributed = self.world > 1
+        if self.distributed:
+            self._grads_fn = torch.compile(self._grads, fullgraph=True, mode=mode)
+            self._apply_fn = torch.compile(self._apply, fullgraph=True, mode=mode)
+        else:
+            self._step_fn = torch.compile(self._fused_step, fullgraph=True, mode=mode)
+        self._built = True
+
+    def _state_lists(self) -> tuple[list[Tensor], list[list[Tensor]]]:
+        state = self.torch_optimizer.state
+        steps = [state[p]["step"] for p in self.params]
+        return steps, [[state[p][k] for k in self.state_keys] for p in self.params]
+
+    def _tensor_scalars(self, scalars: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in scalars.items():
+            if isinstance(value, Tensor):
+                out[key] = value
+                continue
+            t = self._scalars.get(key)
+            if t is None:
+                t = self._scalars[key] = torch.tensor(float(value), dtype=torch.float32, device=self.lr.device)
+            else:
+                t.fill_(float(value))
+            out[key] = t
+        return out
+
+    def _compiled_step(self, batch: dict[str, Tensor], scalars: dict[str, Any]) -> dict[str, Any]:
+        lr = float(self.torch_optimizer.param_groups[0]["lr"])
+        if lr != self._lr_value:
+            self.lr.fill_(lr)
+            self._lr_value = lr
+        scalars = self._tensor_scalars(scalars)
+        if self.dynamic_rows:
+            for t in batch.values():
+                torch._dynamo.maybe_mark_dynamic(t, 0)
+        params = [p.detach() for p in self.params]
+        steps, states = self._state_lists()
+        self.optimizer._on_before_step()  # Lightning's optimizer-step bookkeeping (global_step)
+        if self.distributed:
+            flat, aux = self._grads_fn(params, batch, scalars)
+            torch.distributed.all_reduce(flat)
+            self._apply_fn(params, steps, states, flat, aux["__loss__"], self.lr, self.ok)
+        else:
+            aux = self._step_fn(params, steps, states, batch, scalars, self.lr, self.ok)
+        self.optimizer._on_after_step()
+        self._ran = True
+        aux = dict(aux)
+        aux.pop("__loss__", None)
+        return aux
+
+    def _loss_and_grads(self, params: list[Tensor], batch: dict[str, Tensor], scalars: dict[str, Any]):
+        def loss_of(ps: list[Tensor]) -> tuple[Tensor, dict[str, Any]]:
+            loss, aux = self.loss_fn(dict(zip(self.names, ps)), batch, scalars)
+            return loss, aux
+
+        grads, (loss, aux) = torch.func.grad_and_value(loss_of, has_aux=True)(params)
+        return grads, loss, {**aux, "__loss__": loss.detach()}
+
+    def _grads(self, params, batch, scalars):
+        grads, _, aux = self._loss_and_grads(params, batch, scalars)
+        return torch.cat([g.reshape(-1) for g in grads]), aux
+
+    def _apply(self, params, steps, states, flat, loss, lr, ok) -> None:
+        flat = flat / self.world
+        grads = [g.view_as(p) for g, p in zip(flat.split([p.numel() for p in params]), params)]
+        self._optimizer_math(params, steps, states, grads, loss, lr, ok)
+
+    def _fused_step(self, params, steps, states, batch, scalars, lr, ok):
+        grads, loss, aux = self._loss_and_grads(params, batch, scalars)
+        self._optimizer_math(params, steps, states, grads, loss, lr, ok)
+        return aux
+
+    def _optimizer_math(self, params, steps, states, grads, loss, lr, ok) -> None:
+        """Clip, then Adam or RMSprop exactly as ``torch.optim`` computes them, in place; nothing
+        changes once ``ok`` is False (a non-finite loss in this fit)."""
+        good = ok & torch.isfinite(loss)
+        if self.grad_clip is not None:
+            # torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when above it.
+            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+            coef = (self.grad_clip / (norm + 1e-6)).clamp(max=1.0)
+            grads = [g * coef for g in grads]
+        for p, g, step, state in zip(params, grads, steps, states):
+            new_step = step + 1
+            if self.kind == "adam":
+                (beta1, beta2), eps = self.hyper
+                exp_avg, exp_avg_sq = state
+                new_avg = exp_avg.lerp(g, 1 - beta1)
+                new_avg_sq = exp_avg_sq * beta2 + (1 - beta2) * g * g
+                bias1 = 1 - torch.pow(beta1, new_step)
+                bias2_sqrt = torch.sqrt(1 - torch.pow(beta2, new_step))
+                new_p = p - (lr / bias1) * new_avg / (new_avg_sq.sqrt() / bias2_sqrt + eps)
+                exp_avg.copy_(torch.where(good, new_avg, exp_avg))
+                exp_avg_sq.copy_(torch.where(good, new_avg_sq, exp_avg_sq))
+            else:
+                alpha, eps = self.hyper
+                (square_avg,) = state
+                new_sq = square_avg * alpha + (1 - alpha) * g * g
+                new_p = p - lr * g / (new_sq.sqrt() + eps)
+                square_avg.copy_(torch.where(good, new_sq, square_avg))
+            p.copy_(torch.where(good, new_p, p))
+            step.copy_(torch.where(good, new_step, step))
+        ok.copy_(good)
+
+
+def _flat_terms(aux: Mapping[str, Any], loss: Tensor) -> dict[str, Tensor]:
+    """The 0-dim tensors of ``aux`` (nested one level, as ``learner_stats``) by name, for errors."""
+    terms: dict[str, Tensor] = {}
+    for key, value in aux.items():
+        if isinstance(value, Mapping):
+            terms.update({k: v for k, v in value.items() if isinstance(v, Tensor) and v.dim() == 0})
+        elif isinstance(value, Tensor) and value.dim() == 0:
+            terms[key] = value
+    return terms or {"loss": loss}
+
+
+def nonfinite_terms(results: Mapping[str, Any]) -> list[str]:
+    """Names of the non-finite numbers in a (nested) learner-info dict."""
+    bad = []
+    for key, value in results.items():
+        if isinstance(value, Mapping):
+            bad += nonfinite_terms(value)
+        elif isinstance(value, float) and not math.isfinite(value):
+            bad.append(key)
+    return bad
