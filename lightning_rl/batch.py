@@ -51,6 +51,7 @@ class SampleBatch(dict):
     VF_PREDS = "vf_preds"
     ADVANTAGES = "advantages"
     VALUE_TARGETS = "value_targets"
+    MASK = "mask"  # 0/1 rows of a padded minibatch that count in the loss
     SEQ_LENS = "seq_lens"
     BATCH_INDEXES = "batch_indexes"
     WEIGHTS = "weights"

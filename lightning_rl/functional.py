@@ -75,8 +75,16 @@ def moments(x: Tensor) -> Tensor:
     return torch.stack([torch.tensor(float(x.numel()), dtype=torch.float64, device=x.device), x.sum(), (x * x).sum()])
 
 
+def masked_mean(x: Tensor, mask: Tensor | None = None) -> Tensor:
+    """Mean of ``[N]`` values over the rows where the ``[N]`` 0/1 ``mask`` is 1 (all rows without
+    one): losses over the fixed-size, padded minibatches of the compiled update."""
+    if mask is None:
+        return x.mean()
+    return (x * mask).sum() / mask.sum().clamp_min(1.0)
+
+
 def ppo_surrogate_loss(
-    logp: Tensor, old_logp: Tensor, advantages: Tensor, clip_param: float
+    logp: Tensor, old_logp: Tensor, advantages: Tensor, clip_param: float | Tensor, mask: Tensor | None = None
 ) -> tuple[Tensor, Tensor]:
     """PPO's clipped surrogate objective (Schulman et al. 2017, eq. 7), as a loss.
 
@@ -84,6 +92,7 @@ def ppo_surrogate_loss(
         logp: ``[N]`` log-probability of the taken actions under the current policy.
         old_logp: ``[N]`` the same under the policy that sampled them.
         advantages: ``[N]``.
+        mask: ``[N]`` 0/1 rows to average over (``masked_mean``); ``None`` = all.
 
     Returns:
         ``(pg_loss, ratio)``: the scalar loss ``-mean(min(r A, clip(r) A))`` and ``[N]`` ratios.
@@ -92,11 +101,12 @@ def ppo_surrogate_loss(
     surrogate = torch.minimum(
         ratio * advantages, torch.clamp(ratio, 1.0 - clip_param, 1.0 + clip_param) * advantages
     )
-    return -surrogate.mean(), ratio
+    return -masked_mean(surrogate, mask), ratio
 
 
 def value_loss(
-    values: Tensor, value_targets: Tensor, old_values: Tensor | None = None, vf_clip_param: float | None = None
+    values: Tensor, value_targets: Tensor, old_values: Tensor | None = None, vf_clip_param: float | None = None,
+    mask: Tensor | None = None,
 ) -> Tensor:
     """Squared-error value loss, optionally clipped around the sampler's predictions.
 
@@ -107,6 +117,7 @@ def value_loss(
         vf_clip_param: clip the new prediction to ``old_values +- vf_clip_param`` and take
             the larger of the clipped and unclipped errors (PPO2 value clipping); ``None``
             means no clipping.
+        mask: ``[N]`` 0/1 rows to average over (``masked_mean``); ``None`` = all.
 
     Returns:
         scalar ``mean(error**2)`` (no factor 1/2, as in RLlib and Stable-Baselines3).
@@ -117,14 +128,18 @@ def value_loss(
             raise ValueError("value clipping needs old_values")
         clipped = old_values + torch.clamp(values - old_values, -vf_clip_param, vf_clip_param)
         err = torch.maximum(err, (clipped - value_targets).pow(2))
-    return err.mean()
+    return masked_mean(err, mask)
 
 
-def explained_variance(y_pred: Tensor, y_true: Tensor) -> Tensor:
-    """``1 - Var[y_true - y_pred] / Var[y_true]`` of ``[N]`` arrays; ``-1`` (clamped) when worse than a constant."""
+def explained_variance(y_pred: Tensor, y_true: Tensor, mask: Tensor | None = None) -> Tensor:
+    """``1 - Var[y_true - y_pred] / Var[y_true]`` of ``[N]`` arrays (over the rows of ``mask``);
+    ``-1`` (clamped) when worse than a constant."""
     # Branch-free (no host sync per minibatch on a GPU); a constant target gives 0.
-    var_y = y_true.var(unbiased=False)
-    ev = 1.0 - (y_true - y_pred).var(unbiased=False) / var_y.clamp_min(torch.finfo(var_y.dtype).tiny)
+    def var(x: Tensor) -> Tensor:
+        return x.var(unbiased=False) if mask is None else masked_mean((x - masked_mean(x, mask)).pow(2), mask)
+
+    var_y = var(y_true)
+    ev = 1.0 - var(y_true - y_pred) / var_y.clamp_min(torch.finfo(var_y.dtype).tiny)
     return torch.where(var_y > 0, ev.clamp_min(-1.0), torch.zeros_like(ev))
 
 

@@ -22,6 +22,7 @@ Under DDP the compiled step is two graphs around one flat all-reduce of the grad
 from __future__ import annotations
 
 import math
+import types
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -76,7 +77,6 @@ class UpdateStep:
             detached results to report; its non-finite entries are what an error names.
         grad_clip: max global gradient norm, or ``None``.
         compile: run compiled; falls back to eager with one warning naming the cause.
-        dynamic_rows: the minibatch's row count varies between calls (compiled once for all).
         name: for messages.
     """
 
@@ -88,13 +88,12 @@ class UpdateStep:
         loss_fn: LossFn,
         grad_clip: float | None,
         compile: bool,
-        dynamic_rows: bool = False,
         name: str = "update",
     ) -> None:
         self.owner, self.optimizer, self.loss_fn = owner, optimizer, loss_fn
         self.names = [n for n, p in params.items() if p.requires_grad]
         self.params = [params[n] for n in self.names]
-        self.grad_clip, self.dynamic_rows, self.name = grad_clip, dynamic_rows, name
+        self.grad_clip, self.name = grad_clip, name
         self.compiled = bool(compile)
         self._built = False
         self.ok: Tensor | None = None  # False once a non-finite loss was skipped (compiled only)
@@ -157,11 +156,20 @@ class UpdateStep:
         self.world = world_size()
         self.distributed = self.world > 1
         if self.distributed:
-            self._grads_fn = torch.compile(self._grads, fullgraph=True, mode=mode)
-            self._apply_fn = torch.compile(self._apply, fullgraph=True, mode=mode)
+            self._grads_fn = torch.compile(self._own_code(self._grads), fullgraph=True, mode=mode)
+            self._apply_fn = torch.compile(self._own_code(self._apply), fullgraph=True, mode=mode)
         else:
-            self._step_fn = torch.compile(self._fused_step, fullgraph=True, mode=mode)
+            self._step_fn = torch.compile(self._own_code(self._fused_step), fullgraph=True, mode=mode)
         self._built = True
+
+    def _own_code(self, method: Any) -> Any:
+        """``method`` bound to this step with a code object of its own: dynamo caches compiled
+        graphs per code object, so steps sharing one (SAC's three, one per policy) would count
+        as recompiles of each other and share one cache-size limit."""
+        fn = method.__func__
+        code = fn.__code__.replace(co_name=f"{fn.__name__}_{self.name.replace('/', '_')}")
+        own = types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
+        return types.MethodType(own, self)
 
     def _state_lists(self) -> tuple[list[Tensor], list[list[Tensor]]]:
         state = self.torch_optimizer.state
@@ -188,9 +196,6 @@ class UpdateStep:
             self.lr.fill_(lr)
             self._lr_value = lr
         scalars = self._tensor_scalars(scalars)
-        if self.dynamic_rows:
-            for t in batch.values():
-                torch._dynamo.maybe_mark_dynamic(t, 0)
         params = [p.detach() for p in self.params]
         steps, states = self._state_lists()
         self.optimizer._on_before_step()  # Lightning's optimizer-step bookkeeping (global_step)

@@ -12,7 +12,7 @@ from lightning_rl.algorithms.base import Schedule
 from lightning_rl.algorithms.on_policy import OnPolicyModule
 from lightning_rl.batch import SampleBatch
 from lightning_rl.data.envs import EnvSpec
-from lightning_rl.functional import explained_variance, value_loss
+from lightning_rl.functional import explained_variance, masked_mean, value_loss
 from lightning_rl.update import call
 
 
@@ -90,9 +90,11 @@ class A2C(OnPolicyModule):
         dist, values = call(self.policies[policy_id], params, batch[SampleBatch.OBS])
         logp = dist.log_prob(batch[SampleBatch.ACTIONS])
 
-        pg_loss = -(logp * batch[SampleBatch.ADVANTAGES]).mean()
-        vf_loss = value_loss(values, batch[SampleBatch.VALUE_TARGETS])
-        entropy = dist.entropy().mean()
+        mask = batch.get(SampleBatch.MASK)  # padded rows of a compiled step's minibatch count 0
+
+        pg_loss = -masked_mean(logp * batch[SampleBatch.ADVANTAGES], mask)
+        vf_loss = value_loss(values, batch[SampleBatch.VALUE_TARGETS], mask=mask)
+        entropy = masked_mean(dist.entropy(), mask)
         total_loss = pg_loss + self.vf_loss_coeff * vf_loss - self.entropy_coeff * entropy
 
         with torch.no_grad():
@@ -101,6 +103,6 @@ class A2C(OnPolicyModule):
                 "pg_loss": pg_loss.detach(),
                 "vf_loss": vf_loss.detach(),
                 "entropy": entropy.detach(),
-                "vf_explained_var": explained_variance(values, batch[SampleBatch.VALUE_TARGETS]),
+                "vf_explained_var": explained_variance(values, batch[SampleBatch.VALUE_TARGETS], mask),
             }
         return total_loss, stats

@@ -357,14 +357,14 @@ class RLModule(pl.LightningModule):
 
     def update_step(
         self, name: str, params: dict[str, nn.Parameter], optimizer: Any, loss_fn: LossFn,
-        grad_clip: float | None, dynamic_rows: bool = False,
+        grad_clip: float | None,
     ) -> UpdateStep:
         """The ``UpdateStep`` called ``name`` (built on first use in each fit): eager, or
         compiled with ``compile=True``."""
         step = self._update_steps.get(name)
         if step is None:
             step = self._update_steps[name] = UpdateStep(
-                self, params, optimizer, loss_fn, grad_clip, self.compile, dynamic_rows, name
+                self, params, optimizer, loss_fn, grad_clip, self.compile, name
             )
         return step
 

@@ -141,6 +141,20 @@ class OnPolicyModule(RLModule):
         schedule never recompiles)."""
         return {}
 
+    def padded_minibatch(self, batch: SampleBatch, rows: Tensor) -> SampleBatch:
+        """``rows`` of ``batch`` padded to ``ceil(train_batch_size / num_minibatches)`` rows with a
+        0/1 ``mask``: the compiled step sees one shape whatever the rollout dropped (reset steps),
+        so it compiles once, with static kernels (exact resume, no shape guards)."""
+        size = -(-self.train_batch_size // self.num_minibatches)
+        pad = size - rows.numel()
+        mask = torch.ones(size, device=rows.device)
+        if pad > 0:
+            rows = torch.cat([rows, rows[:1].expand(pad)])
+            mask[size - pad:] = 0.0
+        minibatch = batch.select(rows)
+        minibatch[SampleBatch.MASK] = mask
+        return minibatch
+
     def _loss_fn(self, policy_id: str) -> Any:
         def loss_fn(params: dict[str, Tensor] | None, batch: Any, scalars: dict[str, Any]) -> Any:
             if params is None:  # eager: the loss reads its own scalars
@@ -167,11 +181,12 @@ class OnPolicyModule(RLModule):
         optimizer = self.policy_optimizer(policy_id)
         lr = self.set_lr(self.current(self.lr_points, self.lr), optimizer)
         step = self.update_step(f"loss/{policy_id}", dict(self.policies[policy_id].named_parameters()), optimizer,
-                                self._loss_fn(policy_id), self.grad_clip, dynamic_rows=True)
+                                self._loss_fn(policy_id), self.grad_clip)
         scalars = self.loss_scalars(policy_id)
         for _ in range(self.num_sgd_iter):
             order = torch.randperm(batch.count, generator=self.shuffle_generator).to(self.device)
             for rows in order.tensor_split(self.num_minibatches):
-                stats = step(batch.select(rows), scalars)
+                minibatch = self.padded_minibatch(batch, rows) if step.compiled else batch.select(rows)
+                stats = step(minibatch, scalars)
                 self.counters["num_grad_updates"] += 1
                 builder.add_learn_on_batch_results({LEARNER_STATS_KEY: {**stats, "cur_lr": lr}}, policy_id)

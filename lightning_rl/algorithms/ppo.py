@@ -12,7 +12,7 @@ from lightning_rl.algorithms.base import Schedule, resolve_schedule
 from lightning_rl.algorithms.on_policy import OnPolicyModule
 from lightning_rl.batch import DEFAULT_POLICY_ID, SampleBatch
 from lightning_rl.data.envs import EnvSpec
-from lightning_rl.functional import explained_variance, ppo_surrogate_loss, value_loss
+from lightning_rl.functional import explained_variance, masked_mean, ppo_surrogate_loss, value_loss
 from lightning_rl.update import call
 
 
@@ -105,14 +105,16 @@ class PPO(OnPolicyModule):
         clip_param, kl_coeff = scalars["clip_param"], scalars["kl_coeff"]
         dist, values = call(self.policies[policy_id], params, batch[SampleBatch.OBS])
         logp = dist.log_prob(batch[SampleBatch.ACTIONS])
+        mask = batch.get(SampleBatch.MASK)  # padded rows of a compiled step's minibatch count 0
 
         old_logp = batch[SampleBatch.ACTION_LOGP]
-        pg_loss, ratio = ppo_surrogate_loss(logp, old_logp, batch[SampleBatch.ADVANTAGES], clip_param)
-        vf_loss = value_loss(values, batch[SampleBatch.VALUE_TARGETS], batch[SampleBatch.VF_PREDS], self.vf_clip_param)
-        entropy = dist.entropy().mean()
+        pg_loss, ratio = ppo_surrogate_loss(logp, old_logp, batch[SampleBatch.ADVANTAGES], clip_param, mask)
+        vf_loss = value_loss(values, batch[SampleBatch.VALUE_TARGETS], batch[SampleBatch.VF_PREDS], self.vf_clip_param,
+                             mask)
+        entropy = masked_mean(dist.entropy(), mask)
         # KL(old || new) by the non-negative, unbiased estimator (r - 1) - log r (Schulman 2020, "Approximating KL").
         log_ratio = logp - old_logp
-        kl = ((ratio - 1) - log_ratio).mean()
+        kl = masked_mean((ratio - 1) - log_ratio, mask)
 
         # Branch-free (one compiled graph whatever the coefficient); a zero coefficient adds 0.
         total_loss = pg_loss + self.vf_loss_coeff * vf_loss - self.entropy_coeff * entropy + kl_coeff * kl
@@ -126,9 +128,9 @@ class PPO(OnPolicyModule):
                 "kl": kl.detach(),
                 "kl_coeff": kl_coeff,
                 "cur_clip_param": clip_param,
-                "clip_fraction": ((ratio - 1).abs() > clip_param).float().mean(),
-                "vf_explained_var": explained_variance(values, batch[SampleBatch.VALUE_TARGETS]),
-                "max_ratio": ratio.max(),
+                "clip_fraction": masked_mean(((ratio - 1).abs() > clip_param).float(), mask),
+                "vf_explained_var": explained_variance(values, batch[SampleBatch.VALUE_TARGETS], mask),
+                "max_ratio": ratio.max() if mask is None else torch.where(mask > 0, ratio, 0.0).max(),
             }
         return total_loss, stats
 

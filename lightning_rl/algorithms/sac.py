@@ -147,7 +147,9 @@ class SAC(OffPolicyModule):
         obs = batch[SampleBatch.OBS]
         new_actions, logp = call(self.policies[policy_id], params, obs, noise=batch["noise"])
         alpha = self.log_alpha[policy_id].detach().exp()
-        actor_loss = (alpha * logp - torch.minimum(*self.critics[policy_id](obs, new_actions))).mean()
+        critic = self.critics[policy_id]  # its weights held fixed: gradients reach the actor only
+        q = torch.minimum(*call(critic, {k: v.detach() for k, v in critic.named_parameters()}, obs, new_actions))
+        actor_loss = (alpha * logp - q).mean()
         return actor_loss, {"actor_loss": actor_loss.detach()}
 
     def update(self, policy_id: str, batch: SampleBatch) -> dict[str, Any]:

@@ -108,7 +108,7 @@ class ReplayDataModule(EnvDataModule):
                 if self.env_steps < self.learning_starts:
                     actions = self.envs.action_space.sample()
                 else:
-                    out = self.module.policy_outputs(torch.from_numpy(self._obs), policy_id, explore=True,
+                    out = self.module.policy_outputs(torch.tensor(self._obs), policy_id, explore=True,
                                                      generator=self.generator, device=self.sampling_device)
                     actions = out[SampleBatch.ACTIONS].cpu().numpy()
                 obs, rewards, terminateds, truncateds, valid = self.step_envs(actions)

@@ -342,10 +342,12 @@ class ReplayBuffer:
         np.subtract(next_flat, size, out=next_flat, where=next_flat >= size)
         return SampleBatch(
             {
-                SampleBatch.OBS: torch.from_numpy(self._obs_flat.take(flat, axis=0)),
+                # Copies into torch's 64-byte-aligned memory: a matmul's rounding may depend on its
+                # input's alignment, which numpy leaves to chance (exact resume).
+                SampleBatch.OBS: torch.tensor(self._obs_flat.take(flat, axis=0)),
                 SampleBatch.ACTIONS: torch.from_numpy(self._actions_flat.take(flat, axis=0)),
                 SampleBatch.REWARDS: returns,
-                SampleBatch.NEXT_OBS: torch.from_numpy(self._obs_flat.take(next_flat, axis=0)),
+                SampleBatch.NEXT_OBS: torch.tensor(self._obs_flat.take(next_flat, axis=0)),
                 SampleBatch.TERMINATEDS: terminated,
                 SampleBatch.DISCOUNTS: discounts,
                 SampleBatch.BATCH_INDEXES: torch.from_numpy(flat.astype(np.int64, copy=False)),

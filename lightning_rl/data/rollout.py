@@ -52,7 +52,7 @@ class RolloutDataModule(EnvDataModule):
         # Outside inference mode: the batch's tensors become ordinary ones autograd may save.
         rollout = SampleBatch({k: v.clone() for k, v in rollout.items()})
         with torch.no_grad():
-            batch = self.module.postprocess_rollout(policy_id, rollout, torch.from_numpy(self._obs), valid)
+            batch = self.module.postprocess_rollout(policy_id, rollout, torch.tensor(self._obs), valid)
         info = self.episode_info()
         info["sample_time_s"] = time.perf_counter() - start
         return MultiAgentBatch({policy_id: batch}, env_steps=self.train_batch_size, info=info)
@@ -67,8 +67,10 @@ class RolloutDataModule(EnvDataModule):
         valid = np.empty((T, N), dtype=bool)
         obs_buf = torch.empty((T, N, *self._obs.shape[1:]), dtype=torch.as_tensor(self._obs).dtype)
         for t in range(T):
-            obs = torch.from_numpy(self._obs)
-            obs_buf[t] = obs
+            # The policy reads the copy in obs_buf, not numpy's memory: a matmul's rounding may
+            # depend on its input's alignment, which numpy leaves to chance (exact resume).
+            obs_buf[t] = torch.from_numpy(self._obs)
+            obs = obs_buf[t]
             out = self.module.policy_outputs(obs, policy_id, explore=True, generator=self.generator,
                                              device=self.sampling_device)
             for key, value in out.items():
