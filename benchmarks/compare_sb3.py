@@ -18,6 +18,11 @@ rl-baselines3-zoo hyperparameters:
   automatic entropy tuning from alpha 1.0 towards target entropy -dim(A), MLP [256, 256] ReLU;
   20k env steps.
 
+``--compile off,on`` (the default) runs ours eagerly and with ``compile=True`` (labels ``+c``);
+each compiled run's fit includes its compile: dynamo's trace of each update step and
+inductor's code, which after the first run of a process comes from inductor's on-disk cache
+(the warm-up run pays the first compile and prints its time).
+
 Before the timed runs each implementation trains briefly untimed (``--no-warmup`` skips this:
 two iterations for PPO/A2C; for DQN and SAC until a little past ``learning_starts`` so that
 gradient steps run too: 1280 and 200 env steps), so the first timed run does not pay for lazy
@@ -52,9 +57,10 @@ Known differences between the two implementations (not benchmark artifacts):
   the same step. So ours plays slightly fewer episodes per budget (Pendulum: 1 in 201 steps).
 * Linear schedules: lightning_rl evaluates them at the env steps sampled *before* the current
   rollout, SB3 after it (one iteration apart: 256 of 100k steps for PPO).
-* DQN target network: SB3 copies it every 10 env steps while collecting; ours checks once per
-  iteration, after the 128 gradient steps. The online network does not change while
-  collecting, so in both the target equals the network of the last training phase.
+* DQN target network: SB3 copies it every 10 env steps while collecting; ours checks after
+  every gradient step against the global env steps, so it is due at the first gradient step of
+  each iteration. The online network does not change while collecting, so in both the target
+  equals the network at the end of the last training phase.
 * SAC/DQN ``learning_starts``: SB3 trains once ``num_timesteps > learning_starts``, ours once
   ``>=`` (SAC: from env step 100 instead of 101; DQN: both first train at 1024).
 
@@ -136,6 +142,10 @@ OFF_POLICY = ("dqn", "sac")
 EVAL_EPISODES = 10
 EVAL_SEED_OFFSET = 10_000  # greedy evaluation env seed = run seed + this, the same on both sides
 VECTORIZATION_LABELS = {"sync": "ours-sync", "vector_entry_point": "ours-vec"}
+
+
+def label(vectorization: str, compile: bool) -> str:
+    return VECTORIZATION_LABELS.get(vectorization, f"ours-{vectorization}") + ("+c" if compile else "")
 
 
 def silence() -> None:
@@ -232,10 +242,10 @@ def dqn_epsilon_steps(steps: int) -> int:
     return max(1, int(0.16 * steps))
 
 
-def build_ours(algo: str, seed: int, steps: int, vectorization: str, threads: int) -> Any:
+def build_ours(algo: str, seed: int, steps: int, vectorization: str, threads: int, compile: bool = False) -> Any:
     # The modules set torch's intra-op threads during fit (``num_cpu_threads``, default 1): pass
     # --threads so both implementations run with the same count.
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = {"compile": compile}
     cls = {"ppo": PPO, "a2c": A2C, "dqn": DQN, "sac": SAC}[algo]
     if "num_cpu_threads" in inspect.signature(cls.__init__).parameters:
         extra["num_cpu_threads"] = threads
@@ -273,8 +283,9 @@ def eval_stats(returns: Sequence[float]) -> tuple[float, float]:
     return float(np.mean(returns)), float(np.std(returns))
 
 
-def run_ours(algo: str, seed: int, steps: int, vectorization: str, threads: int, final_eval: bool = True) -> RunResult:
-    model = build_ours(algo, seed, steps, vectorization, threads)
+def run_ours(algo: str, seed: int, steps: int, vectorization: str, threads: int, final_eval: bool = True,
+             compile: bool = False) -> RunResult:
+    model = build_ours(algo, seed, steps, vectorization, threads, compile)
     tracker = SolveTracker(*SOLVE_CRITERIA[algo][::-1])
     trainer = pl.Trainer(
         accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
@@ -289,7 +300,7 @@ def run_ours(algo: str, seed: int, steps: int, vectorization: str, threads: int,
         torch.set_num_threads(threads)
         eval_mean, eval_std = eval_stats(evaluate(model, num_episodes=EVAL_EPISODES, seed=seed + EVAL_SEED_OFFSET))
     return RunResult(
-        algo, VECTORIZATION_LABELS.get(vectorization, f"ours-{vectorization}"), seed, env_steps, wall,
+        algo, label(vectorization, compile), seed, env_steps, wall,
         env_steps / wall, tracker.solve_s, tracker.solve_steps, tracker.episodes, tracker.last_mean(),
         eval_mean, eval_std,
     )
@@ -381,6 +392,7 @@ def summarize(results: list[RunResult], impls: list[str]) -> dict[str, Any]:
         if not runs:
             continue
         sps_mean, sps_std = mean_std([r.steps_per_s for r in runs])
+        sps_median = statistics.median([r.steps_per_s for r in runs])
         solved = [r for r in runs if r.solve_s is not None]
         solve_mean, solve_std = mean_std([r.solve_s for r in solved])  # type: ignore[misc]
         steps_mean, _ = mean_std([float(r.solve_steps) for r in solved])  # type: ignore[arg-type]
@@ -389,6 +401,7 @@ def summarize(results: list[RunResult], impls: list[str]) -> dict[str, Any]:
         out[impl] = {
             "steps_per_s": sps_mean,
             "steps_per_s_std": sps_std,
+            "steps_per_s_median": sps_median,
             "solve_s": solve_mean,
             "solve_s_std": solve_std,
             "solve_steps": steps_mean,
@@ -404,6 +417,7 @@ def summarize(results: list[RunResult], impls: list[str]) -> dict[str, Any]:
             continue
         ratios[impl] = {
             "steps_per_s_ours_over_sb3": ratio(stats["steps_per_s"], sb3["steps_per_s"]),
+            "median_steps_per_s_ours_over_sb3": ratio(stats["steps_per_s_median"], sb3["steps_per_s_median"]),
             "solve_s_sb3_over_ours": ratio(sb3["solve_s"], stats["solve_s"]),
         }
     return {"impls": out, "ratios": ratios}
@@ -433,8 +447,9 @@ def print_table(algo: str, steps: int, summary: dict[str, Any]) -> None:
         print(line)
     for impl, r in summary["ratios"].items():
         sps = "-" if r["steps_per_s_ours_over_sb3"] is None else f"{r['steps_per_s_ours_over_sb3']:.2f}x"
+        med = "-" if r["median_steps_per_s_ours_over_sb3"] is None else f"{r['median_steps_per_s_ours_over_sb3']:.2f}x"
         solve = "-" if r["solve_s_sb3_over_ours"] is None else f"{r['solve_s_sb3_over_ours']:.2f}x"
-        print(f"{impl}: steps/s ours/SB3 = {sps}; solve time SB3/ours = {solve} (>1: ours faster)")
+        print(f"{impl}: steps/s ours/SB3 = {sps} (medians {med}); solve time SB3/ours = {solve} (>1: ours faster)")
 
 
 def json_safe(value: Any) -> Any:
@@ -466,6 +481,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "vector_entry_point (DQN and SAC always run sync)",
     )
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads for both (default 1)")
+    p.add_argument("--compile", default="off,on",
+                   help="comma-separated compile settings of ours: off and/or on (default both)")
     p.add_argument("--no-sb3", action="store_true", help="run only ours (profiling)")
     p.add_argument("--no-warmup", action="store_true", help="skip the untimed short run of each impl")
     args = p.parse_args(argv)
@@ -479,6 +496,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     bad = set(args.vectorization) - set(VECTORIZATION_LABELS)
     if bad:
         p.error(f"unknown vectorization {sorted(bad)}; choose from {sorted(VECTORIZATION_LABELS)}")
+    args.compile = [c.strip() == "on" for c in args.compile.split(",") if c.strip()]
     if args.seeds < 1 or args.threads < 1 or args.steps_scale <= 0:
         p.error("--seeds, --threads and --steps-scale must be positive")
     return args
@@ -510,23 +528,29 @@ def main(argv: Sequence[str] | None = None) -> None:
         steps = max(1, int(budgets[algo] * args.steps_scale))
         results: list[RunResult] = []
         vectorizations = ["sync"] if algo in OFF_POLICY else args.vectorization
-        impls = [VECTORIZATION_LABELS[v] for v in vectorizations] + ([] if args.no_sb3 else ["sb3"])
-        # None = SB3; the order is ours (each vectorization), then SB3, seed by seed
-        jobs: list[str | None] = [*vectorizations, *([] if args.no_sb3 else [None])]
+        ours = [(v, c) for v in vectorizations for c in args.compile]
+        impls = [label(v, c) for v, c in ours] + ([] if args.no_sb3 else ["sb3"])
+        # None = SB3; the order is ours (each vectorization and compile setting), then SB3, seed by seed
+        jobs: list[tuple[str, bool] | None] = [*ours, *([] if args.no_sb3 else [None])]
         if not args.no_warmup:  # untimed: lazy imports and first-call set-up of each implementation
-            for vectorization in jobs:
+            for job in jobs:
                 torch.set_num_threads(args.threads)
-                if vectorization is None:
+                start = time.perf_counter()
+                if job is None:
                     run_sb3(algo, 0, WARMUP_STEPS[algo], args.threads, final_eval=False)
                 else:
-                    run_ours(algo, 0, WARMUP_STEPS[algo], vectorization, args.threads, final_eval=False)
+                    run_ours(algo, 0, WARMUP_STEPS[algo], job[0], args.threads, final_eval=False, compile=job[1])
+                    if job[1]:  # the first compile of this run (inductor's on-disk cache as it was)
+                        report.setdefault("first_compile_run_s", {})[algo] = time.perf_counter() - start
+                        print(f"[{algo} {label(*job)}] warm-up run with the first compile: "
+                              f"{time.perf_counter() - start:.1f}s", flush=True)
         for seed in range(args.seeds):
-            for vectorization in jobs:
+            for job in jobs:
                 torch.set_num_threads(args.threads)
-                if vectorization is None:
+                if job is None:
                     r = run_sb3(algo, seed, steps, args.threads)
                 else:
-                    r = run_ours(algo, seed, steps, vectorization, args.threads)
+                    r = run_ours(algo, seed, steps, job[0], args.threads, compile=job[1])
                 results.append(r)
                 solve = "not solved" if r.solve_s is None else f"solved at {r.solve_s:.1f}s / {r.solve_steps:,} steps"
                 last = "-" if r.final_mean_return is None else f"{r.final_mean_return:.1f}"

@@ -159,9 +159,16 @@ class SampleBatch(dict):
             yield mb
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> SampleBatch:
+        """Every column on ``device``. CPU columns bound for a GPU go through pinned memory
+        without blocking, so the copy of a whole batch overlaps the host's next work."""
+        device = torch.device(device)
         out = SampleBatch()
         for key, value in self.items():
-            dict.__setitem__(out, key, value.to(device, non_blocking=non_blocking))
+            if device.type == "cuda" and value.device.type == "cpu":
+                value = value.pin_memory().to(device, non_blocking=True)
+            else:
+                value = value.to(device, non_blocking=non_blocking)
+            dict.__setitem__(out, key, value)
         return out
 
     def as_multi_agent(self) -> MultiAgentBatch:

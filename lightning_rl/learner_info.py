@@ -51,6 +51,15 @@ def reduce_leaf(name: str, values: list[Any]) -> Any:
     if all(v is None for v in values):
         return None
     values = [v for v in values if v is not None]
+    if all(isinstance(v, numbers.Real) for v in values):  # the common case, without numpy's per-call cost
+        finite = [float(v) for v in values if v == v]
+        if not finite:
+            return math.nan
+        if name.startswith("min_"):
+            return min(finite)
+        if name.startswith("max_"):
+            return max(finite)
+        return math.fsum(finite) / len(finite)
     if not all(_is_numeric(v) for v in values):
         return values[-1]
     # Arrays of any shape reduce over all their elements, like scalars.

@@ -7,6 +7,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pytorch_lightning as pl
+import torch
 
 
 def flatten_scalars(tree: Mapping[str, Any], prefix: str) -> Iterator[tuple[str, float]]:
@@ -44,7 +45,20 @@ class LearnerInfoCallback(pl.Callback):
     ) -> None:
         if not outputs or "learner_info" not in outputs or not should_log(trainer, batch_idx):
             return
-        sync = trainer.world_size > 1
-        for policy_id, info in outputs["learner_info"].items():
-            for path, value in flatten_scalars(info, f"learner/{policy_id}"):
-                pl_module.log(path, value, reduce_fx=reduce_fx_for(path), sync_dist=sync, batch_size=1)
+        items = [(path, value) for policy_id, info in outputs["learner_info"].items()
+                 for path, value in flatten_scalars(info, f"learner/{policy_id}")]
+        if trainer.world_size > 1:
+            items = reduce_over_ranks(items, pl_module.device)
+        for path, value in items:
+            pl_module.log(path, value, batch_size=1)
+
+
+def reduce_over_ranks(items: list[tuple[str, float]], device: torch.device) -> list[tuple[str, float]]:
+    """Every rank's values in one ``all_gather`` (not one all-reduce per stat), reduced here by
+    ``reduce_fx_for``. Every rank has the same paths: they come from the same algorithm."""
+    local = torch.tensor([v for _, v in items], dtype=torch.float64, device=device)
+    gathered = torch.empty((torch.distributed.get_world_size(), local.numel()), dtype=local.dtype, device=device)
+    torch.distributed.all_gather_into_tensor(gathered, local)
+    reduced = torch.stack([gathered.nanmean(0), gathered.min(0).values, gathered.max(0).values]).tolist()
+    row = {"mean": 0, "min": 1, "max": 2}
+    return [(path, reduced[row[reduce_fx_for(path)]][i]) for i, (path, _) in enumerate(items)]
