@@ -7,6 +7,7 @@ Failures print the learning curve. All run in CI (about 10 minutes on 2 cores); 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import pytorch_lightning as pl
 from pytorch_lightning.callbacks import EarlyStopping
 
@@ -53,8 +54,9 @@ def ppo_pendulum(**kwargs) -> PPO:
     return PPO(**{**settings, **kwargs})
 
 
-def test_ppo_cartpole_solves_within_100k_steps():
-    model = ppo_cartpole()
+@pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
+def test_ppo_cartpole_solves_within_100k_steps(compile):
+    model = ppo_cartpole(compile=compile)
     curve = train(model)
     assert model.counters["num_env_steps_sampled"] <= 100_000 + 256
     assert curve.best() >= 475, str(curve)
