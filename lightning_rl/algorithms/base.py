@@ -209,7 +209,7 @@ class RLModule(pl.LightningModule):
     def sampling_policy(self, policy_id: str, device: torch.device) -> nn.Module:
         """The policy on ``device`` for sampling: itself, or a copy refreshed after each iteration."""
         policy = self.policies[policy_id]
-        if next(policy.parameters()).device == device:
+        if device == self.device:  # the policies live on the module's device (cheaper than asking a parameter)
             return policy
         version, policy_copy = self._sampling_copies.get((policy_id, device), (-1, None))
         if policy_copy is None:
