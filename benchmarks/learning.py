@@ -1,6 +1,6 @@
 """Learning robustness across seeds: every README learning configuration, several seeds each.
 
-The configurations are those of ``tests/test_learning.py`` (the README's learning table):
+The configurations are those of ``tests/test_learning*.py`` (the README's learning table):
 
 * ``ppo_cartpole``: PPO on CartPole-v1 at rl-zoo's settings, 100k env steps;
 * ``a2c_cartpole``: A2C on CartPole-v1 at rl-zoo's settings (the defaults), 500k env steps;

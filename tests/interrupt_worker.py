@@ -17,6 +17,8 @@ from lightning_rl import PPO
 logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
 warnings.filterwarnings("ignore")
 
+ITERATIONS = 60  # the budget: Ctrl-C comes at iteration 12, well before its end
+
 
 class Progress(pl.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
@@ -25,7 +27,7 @@ class Progress(pl.Callback):
 
 def main(root: str, ckpt: str | None) -> None:
     model = PPO(env="CartPole-v1", num_envs=4, rollout_fragment_length=32, sgd_minibatch_size=64, seed=0,
-                iterations_per_epoch=5, total_env_steps=200 * 128)
+                iterations_per_epoch=5, total_env_steps=ITERATIONS * 128)
     trainer = pl.Trainer(default_root_dir=root, logger=False, enable_progress_bar=False, enable_checkpointing=False,
                          callbacks=[Progress()])
     start = None

@@ -16,12 +16,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.conftest import ddp_subprocess_env
+
 WORKER = Path(__file__).with_name("ddp_worker.py")
 
 
 def run_ddp(tmp_path: Path, mode: str, timeout: int) -> tuple[dict, dict, list[dict]]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PL_DISABLE_FORK": "1"}
-    env.pop("LOCAL_RANK", None)
+    env = ddp_subprocess_env(PL_DISABLE_FORK="1")  # a free MASTER_PORT of its own per launch
     proc = subprocess.run(
         [sys.executable, str(WORKER), str(tmp_path), mode], env=env, capture_output=True, text=True,
         timeout=timeout,
@@ -169,6 +170,7 @@ def test_resuming_a_ddp_checkpoint_on_one_process_reseeds_with_a_warning(resumed
     assert model.counters["num_iterations"] > first[0]["counters"]["num_iterations"]
 
 
+@pytest.mark.timeout(1500)  # above the run's own 1200 s limit, which reports the run's output
 def test_ddp_ppo_cartpole_learns_within_the_same_global_budget(tmp_path):
     """Greedy evaluation (5 episodes per rank, averaged over ranks) every 1280 global env steps."""
     r0, _, rows = run_ddp(tmp_path, "learn", timeout=1200)

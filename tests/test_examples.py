@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import ddp_subprocess_env
+
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
@@ -29,12 +31,10 @@ def test_example_runs_and_logs(name, steps, tmp_path):
 
 
 def test_ddp_example_runs_on_two_cpu_processes(tmp_path):
-    import os
     import subprocess
     import sys
 
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    env.pop("LOCAL_RANK", None)
+    env = ddp_subprocess_env()  # a free MASTER_PORT of its own
     proc = subprocess.run(
         [sys.executable, str(EXAMPLES / "ppo_ddp.py"), "--devices", "2", "--total-env-steps", "2048",
          "--log-dir", str(tmp_path)],

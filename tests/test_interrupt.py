@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+from tests.interrupt_worker import ITERATIONS
+
 WORKER = Path(__file__).with_name("interrupt_worker.py")
 
 
@@ -37,5 +39,5 @@ def test_sigint_saves_a_checkpoint_that_resumes(tmp_path):
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
     result = json.loads(resumed.stdout.split("RESULT ", 1)[1])
     assert result["start"]["num_iterations"] >= 12  # counters continue from the interrupted run
-    assert result["end"]["num_env_steps_sampled"] == 200 * 128  # ... and the budget is finished
-    assert result["end"]["num_iterations"] == 200
+    assert result["end"]["num_env_steps_sampled"] == ITERATIONS * 128  # ... and the budget is finished
+    assert result["end"]["num_iterations"] == ITERATIONS

@@ -1,18 +1,22 @@
-"""Learning tests: seeded runs with env-step budgets (never wall-clock limits).
+"""Learning tests, on-policy (PPO, A2C): seeded runs with env-step budgets (never wall-clock limits).
 
-Failures print the learning curve. All run in CI (about 10 minutes on 2 cores); the
-2-rank DDP learning run is in tests/test_ddp.py.
+Failures print the learning curve. All run in CI; the off-policy ones are in
+tests/test_learning_dqn.py and tests/test_learning_sac.py, files of their own so that pytest-xdist
+(``--dist loadfile``) runs them on other workers than these, and the 2-rank DDP learning run is in
+tests/test_ddp.py.
 """
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import pytorch_lightning as pl
-from pytorch_lightning.callbacks import EarlyStopping
 
-from lightning_rl import A2C, DQN, PPO, SAC, evaluate
+from lightning_rl import A2C, PPO
 from tests.conftest import quiet_trainer
+
+# A budget of env steps, not of time: pytest-timeout's global 900 s (a hang guard) is too tight when
+# pytest-xdist's workers share the cores with each other and with DDP ranks.
+pytestmark = pytest.mark.timeout(1800)
 
 
 class Curve(pl.Callback):
@@ -78,28 +82,3 @@ def test_ppo_pendulum_reaches_minus_250_within_300k():
     model = ppo_pendulum()
     curve = train(model)
     assert curve.points[-1][1] >= -250, str(curve)
-
-
-def test_dqn_cartpole_greedy_475_within_60k_steps():
-    """Greedy evaluation (10 episodes) every ~5k env steps; EarlyStopping ends the run at 475."""
-    model = DQN(env="CartPole-v1", seed=0, total_env_steps=60_000, lr_schedule="linear", iterations_per_epoch=78,
-                evaluation_interval=1, evaluation_num_episodes=10)
-    evaluations = []
-
-    class Record(pl.Callback):
-        def on_validation_end(self, trainer, pl_module):
-            if not trainer.sanity_checking:
-                evaluations.append((pl_module.counters["num_env_steps_sampled"],
-                                    float(trainer.callback_metrics["val/episode_return_mean"])))
-
-    stop = EarlyStopping(monitor="val/episode_return_mean", mode="max", stopping_threshold=475, patience=1000)
-    quiet_trainer(callbacks=[Record(), stop], num_sanity_val_steps=0).fit(model)
-    best = max(r for _, r in evaluations)
-    assert best >= 475 and model.counters["num_env_steps_sampled"] <= 60_000, evaluations
-
-
-def test_sac_pendulum_greedy_minus_200_within_20k_steps():
-    model = SAC(env="Pendulum-v1", seed=0, total_env_steps=20_000)
-    curve = train(model)
-    returns = evaluate(model, num_episodes=10, seed=123)
-    assert np.mean(returns) >= -200, (returns, str(curve))
