@@ -56,9 +56,12 @@ class LearnerInfoCallback(pl.Callback):
 def reduce_over_ranks(items: list[tuple[str, float]], device: torch.device) -> list[tuple[str, float]]:
     """Every rank's values in one ``all_gather`` (not one all-reduce per stat), reduced here by
     ``reduce_fx_for``. Every rank has the same paths: they come from the same algorithm."""
+    if not items:  # nothing learned yet: the same on every rank (learning starts on global counters)
+        return items
     local = torch.tensor([v for _, v in items], dtype=torch.float64, device=device)
-    gathered = torch.empty((torch.distributed.get_world_size(), local.numel()), dtype=local.dtype, device=device)
-    torch.distributed.all_gather_into_tensor(gathered, local)
+    gathered = torch.empty(torch.distributed.get_world_size() * local.numel(), dtype=local.dtype, device=device)
+    torch.distributed.all_gather_into_tensor(gathered, local)  # gloo wants the flat [world * n] layout
+    gathered = gathered.view(-1, local.numel())
     reduced = torch.stack([gathered.nanmean(0), gathered.min(0).values, gathered.max(0).values]).tolist()
     row = {"mean": 0, "min": 1, "max": 2}
     return [(path, reduced[row[reduce_fx_for(path)]][i]) for i, (path, _) in enumerate(items)]
