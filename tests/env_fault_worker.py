@@ -86,6 +86,8 @@ class Faults(pl.Callback):
 
 
 def main(out_dir: str, mode: str) -> None:
+    # Ctrl-C must reach us even when started from a shell that ignores SIGINT in background jobs.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     if mode not in MODES:
         raise SystemExit(f"MODE must be one of {MODES}, got {mode!r}")
     iterations = 4 if mode == "ok" else 1000

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import sys
 import warnings
 
@@ -26,6 +27,8 @@ class Progress(pl.Callback):
 
 
 def main(root: str, ckpt: str | None) -> None:
+    # Ctrl-C must reach us even when started from a shell that ignores SIGINT in background jobs.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     model = PPO(env="CartPole-v1", num_envs=4, rollout_fragment_length=32, sgd_minibatch_size=64, seed=0,
                 iterations_per_epoch=5, total_env_steps=ITERATIONS * 128)
     trainer = pl.Trainer(default_root_dir=root, logger=False, enable_progress_bar=False, enable_checkpointing=False,
