@@ -47,14 +47,6 @@ def call(module: nn.Module, params: Mapping[str, Tensor] | None, *args: Any, **k
     return torch.func.functional_call(module, dict(params), args, kwargs)
 
 
-def sub_params(params: Mapping[str, Tensor] | None, prefix: str) -> dict[str, Tensor] | None:
-    """The entries of ``params`` under ``prefix.`` with the prefix removed (``None`` stays ``None``)."""
-    if params is None:
-        return None
-    cut = len(prefix) + 1
-    return {k[cut:]: v for k, v in params.items() if k.startswith(prefix + ".")}
-
-
 def warn_once(message: str) -> None:
     if message not in _warned:
         _warned.add(message)
@@ -96,6 +88,7 @@ class UpdateStep:
         self.grad_clip, self.name = grad_clip, name
         self.compiled = bool(compile)
         self._built = False
+        self._ran = False
         self.ok: Tensor | None = None  # False once a non-finite loss was skipped (compiled only)
         self._scalars: dict[str, Tensor] = {}
 
@@ -110,7 +103,7 @@ class UpdateStep:
                     self._build()
                 return self._compiled_step(tensors, scalars)
             except Exception as e:
-                if self._built and getattr(self, "_ran", False):
+                if self._ran:
                     raise  # it compiled and ran before: this is a real error, not a platform gap
                 cause = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
                 warn_once(f"compile=True: the {self.name} step could not be compiled ({cause[:300]}); "
