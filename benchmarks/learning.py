@@ -42,6 +42,7 @@ Usage::
 
     python benchmarks/learning.py                                       # all five, seeds 0-4
     python benchmarks/learning.py --algos dqn_cartpole --seeds 0,1,2,3,4
+    python benchmarks/learning.py --compile --out docs/learning_seeds_compiled.png   # compiled updates
     python benchmarks/learning.py --scale 0.02 --seeds 0,1 --out /tmp/smoke.png   # smoke check
     python benchmarks/learning.py --from-json docs/learning_seeds.json
 """
@@ -166,11 +167,12 @@ def iterations_per_epoch(config: Config, scale: float) -> int:
     return max(1, round(iterations / TARGET_EVALUATIONS))
 
 
-def build(name: str, seed: int, scale: float) -> RLModule:
-    """The README configuration ``name`` with ``seed`` and greedy evaluation every epoch."""
+def build(name: str, seed: int, scale: float, compile: bool = False) -> RLModule:
+    """The README configuration ``name`` with ``seed`` and greedy evaluation every epoch; ``compile``
+    runs its updates as compiled graphs (the ``compile`` hyperparameter)."""
     config = CONFIGS[name]
     return config.algo(
-        **config.settings, seed=seed, total_env_steps=budget(config, scale),
+        **config.settings, seed=seed, compile=compile, total_env_steps=budget(config, scale),
         iterations_per_epoch=iterations_per_epoch(config, scale), evaluation_interval=1,
         evaluation_num_episodes=EVAL_EPISODES, num_cpu_threads=1,
     )
@@ -197,12 +199,12 @@ class GreedyCurve(pl.Callback):
         self.points.append((int(pl_module.counters["num_env_steps_sampled"]), float(value)))
 
 
-def run_one(name: str, seed: int, scale: float, result_path: Path) -> None:
+def run_one(name: str, seed: int, scale: float, result_path: Path, compile: bool = False) -> None:
     """Fit one configuration with one seed; write the curve and the final evaluation as JSON."""
     silence()
     torch.set_num_threads(1)
     start = time.perf_counter()
-    model = build(name, seed, scale)
+    model = build(name, seed, scale, compile)
     curve = GreedyCurve()
     with tempfile.TemporaryDirectory(prefix="lightning_rl_learning_") as root:
         trainer = pl.Trainer(
@@ -214,7 +216,7 @@ def run_one(name: str, seed: int, scale: float, result_path: Path) -> None:
         fit_s = time.perf_counter() - fit_start
     returns = evaluate(model, num_episodes=FINAL_EPISODES, seed=seed + FINAL_SEED_OFFSET)
     result = {
-        "config": name, "seed": seed, "env_steps": int(model.counters["num_env_steps_sampled"]),
+        "config": name, "seed": seed, "compile": compile, "env_steps": int(model.counters["num_env_steps_sampled"]),
         "iterations_per_epoch": iterations_per_epoch(CONFIGS[name], scale), "curve": curve.points,
         "final_returns": returns, "final_mean": float(np.mean(returns)), "final_std": float(np.std(returns)),
         "fit_s": fit_s, "wall_s": time.perf_counter() - start,
@@ -246,12 +248,12 @@ def tail(path: Path, lines: int = 40) -> str:
         return f"(no output: {e})"
 
 
-def start_run(name: str, seed: int, scale: float, workdir: Path) -> Running:
+def start_run(name: str, seed: int, scale: float, workdir: Path, compile: bool) -> Running:
     log_path = workdir / f"{name}-{seed}.log"
     result_path = workdir / f"{name}-{seed}.json"
     cmd = [
         sys.executable, os.path.abspath(__file__), "--run-one", f"{name}:{seed}", "--scale", repr(scale),
-        "--result", str(result_path),
+        "--result", str(result_path), *(["--compile"] if compile else []),
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", PARENT_PID_ENV: str(os.getpid())}
     with open(log_path, "wb") as log:
@@ -276,7 +278,7 @@ def stop_all(running: list[Running]) -> None:
 
 
 def run_all(jobs: Sequence[tuple[str, int]], scale: float, workers: int, run_timeout: float,
-            partial_path: Path) -> list[dict[str, Any]]:
+            partial_path: Path, compile: bool = False) -> list[dict[str, Any]]:
     """Every (configuration, seed) run, at most ``workers`` at a time; results in job order."""
     results: dict[tuple[str, int], dict[str, Any]] = {}
     pending = deque(jobs)
@@ -286,7 +288,7 @@ def run_all(jobs: Sequence[tuple[str, int]], scale: float, workers: int, run_tim
         try:
             while pending or running:
                 while pending and len(running) < workers:
-                    running.append(start_run(*pending.popleft(), scale, workdir))
+                    running.append(start_run(*pending.popleft(), scale, workdir, compile))
                 time.sleep(0.2)
                 for r in list(running):
                     rc = r.proc.poll()
@@ -464,6 +466,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    "to the same path with .json")
     p.add_argument("--scale", type=float, default=1.0, help="multiply every env-step budget (0.02: smoke check)")
     p.add_argument("--run-timeout", type=float, default=3 * 3600.0, help="seconds one run may take (default 3 h)")
+    p.add_argument("--compile", action="store_true", help="every run with compile=True (compiled update steps)")
     p.add_argument("--from-json", default=None, help="re-print the table of a finished benchmark; no runs")
     p.add_argument("--run-one", default=None, help=argparse.SUPPRESS)  # NAME:SEED, in a child process
     p.add_argument("--result", default=None, help=argparse.SUPPRESS)
@@ -491,7 +494,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.run_one is not None:
         name, seed = args.run_one.rsplit(":", 1)
-        run_one(name, int(seed), args.scale, Path(args.result))
+        run_one(name, int(seed), args.scale, Path(args.result), args.compile)
         return 0
     if args.from_json is not None:
         data = json.loads(Path(args.from_json).read_text())
@@ -505,7 +508,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
     meta = {
-        "benchmark": "learning", "scale": args.scale, "seeds": args.seeds, "workers": args.workers,
+        "benchmark": "learning", "compile": args.compile, "scale": args.scale, "seeds": args.seeds,
+        "workers": args.workers,
         "versions": versions(), "load_avg_start": list(load) if load else None,
         "budgets": {n: budget(CONFIGS[n], args.scale) for n in args.algos},
         "iterations_per_epoch": {n: iterations_per_epoch(CONFIGS[n], args.scale) for n in args.algos},
@@ -520,7 +524,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"rough wall time at --scale 1 with {args.workers} free cores: {estimate / 60:.0f} min", flush=True)
     start = time.perf_counter()
     try:
-        runs = run_all(jobs, args.scale, args.workers, args.run_timeout, partial_path)
+        runs = run_all(jobs, args.scale, args.workers, args.run_timeout, partial_path, args.compile)
     except RunFailed as e:
         print(f"\nBENCHMARK FAILED: run {e}{kept(partial_path)}", file=sys.stderr, flush=True)
         return 1
