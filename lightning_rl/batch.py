@@ -181,8 +181,9 @@ class SampleBatch(dict):
 
 
 class Replay(Protocol):
-    """Where an off-policy learner draws its minibatches, one per gradient step, and returns
-    the priorities of exactly the rows it drew (``ReplayDataModule``)."""
+    """Where an off-policy learner draws its minibatches (one per gradient step when prioritized,
+    all of an iteration's at once when uniform) and returns the priorities of exactly the rows
+    it drew (``ReplayDataModule``)."""
 
     prioritized_replay: bool
 

@@ -242,3 +242,54 @@ def test_replay_loop_matches_a_hand_written_loop():
     torch.testing.assert_close(by_hand.policies.state_dict(), after["q"], rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(by_hand.target_q.state_dict(), after["target"], rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(buffer.priorities(np.arange(buffer.capacity)), after["priorities"], rtol=1e-5)
+
+
+def test_uniform_replay_draws_an_iterations_minibatches_at_once():
+    """Uniform replay: every minibatch of an iteration comes from one draw of
+    ``num_gradient_steps * train_batch_size`` rows, in order (one gather instead of one per
+    gradient step); checked against the same steps written out by hand."""
+    import copy
+
+    import pytorch_lightning as pl
+
+    from lightning_rl.data.replay_buffer import ReplayBuffer
+
+    kwargs = dict(prioritized_replay=False, num_gradient_steps=3, target_network_update_freq=10_000,
+                  learning_starts=64, grad_clip=0.5)
+    captured = {}
+
+    class Capture(pl.Callback):
+        def on_train_batch_start(self, trainer, module, batch, batch_idx):
+            if batch.replay is not None and "before" not in captured:
+                buffer = batch.replay.buffer
+                captured["before"] = copy.deepcopy(dict(
+                    q=module.policies.state_dict(), target=module.target_q.state_dict(),
+                    opt=module.optimizers().optimizer.state_dict(),
+                    buffer={k: v.copy() if isinstance(v, np.ndarray) else v for k, v in buffer.state_dict().items()},
+                    spaces=(buffer.observation_space, buffer.action_space)))
+
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            if "before" in captured and "after" not in captured:
+                captured["after"] = copy.deepcopy(module.policies.state_dict())
+
+    model = dqn(**kwargs)
+    fit_iterations(model, 3, callbacks=[Capture()])
+    assert model.counters["num_grad_updates"] == 3 * 2
+
+    before = captured["before"]
+    by_hand = dqn(**kwargs)
+    by_hand.policies.load_state_dict(before["q"])
+    by_hand.target_q.load_state_dict(before["target"])
+    params = list(by_hand.policies.parameters())
+    optimizer = torch.optim.Adam(params, lr=1e-3, fused=True)
+    optimizer.load_state_dict(before["opt"])
+    buffer = ReplayBuffer(1000, *before["spaces"], num_envs=1, n_step=3, gamma=0.99)
+    buffer.load_state_dict(before["buffer"])  # its RNG too
+    drawn = buffer.sample(3 * 32)  # the whole iteration's rows, one draw
+    for i in range(3):
+        loss, _ = by_hand.loss("default_policy", drawn.select(slice(32 * i, 32 * (i + 1))))
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 0.5)
+        optimizer.step()
+    torch.testing.assert_close(by_hand.policies.state_dict(), captured["after"], rtol=1e-6, atol=1e-7)

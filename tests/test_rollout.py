@@ -167,3 +167,39 @@ def test_checkpoint_keeps_counters(tmp_path, model):
     assert torch.equal(restored.policies["default_policy"].pi_head.weight,
                        model.policies["default_policy"].pi_head.weight)
     assert restored.kl_coeff == model.kl_coeff and SampleBatch.OBS == "obs"
+
+
+@pytest.mark.parametrize("mode", ["sync", "vector_entry_point"])
+def test_episode_statistics_match_gymnasiums_record_episode_statistics(mode):
+    """Our lean wrapper keeps the same episode counts, returns and lengths as gymnasium's
+    ``vector.RecordEpisodeStatistics`` under next-step autoreset, partial resets included."""
+    import gymnasium as gym
+
+    from lightning_rl.data.envs import EpisodeStatistics, make_vector_env
+
+    ours = make_vector_env("CartPole-v1", 4, mode)
+    assert isinstance(ours, EpisodeStatistics)
+    theirs = gym.wrappers.vector.RecordEpisodeStatistics(make_vector_env("CartPole-v1", 4, mode).env,
+                                                         buffer_length=100_000)
+    rng = np.random.default_rng(0)
+    for envs in (ours, theirs):
+        envs.reset(seed=3)
+    for t in range(600):
+        actions = rng.integers(0, 2, size=4)
+        out_ours, out_theirs = ours.step(actions), theirs.step(actions)
+        np.testing.assert_array_equal(out_ours[1], out_theirs[1])
+        if t == 300:  # restart every env mid-episode
+            for envs in (ours, theirs):
+                envs.reset(seed=7)
+    assert ours.episode_count == theirs.episode_count > 20
+    assert list(ours.return_queue) == list(theirs.return_queue)
+    assert list(ours.length_queue) == list(theirs.length_queue)
+    np.testing.assert_array_equal(ours.episode_returns, theirs.episode_returns)
+    # A partial reset restarts only the masked envs' episodes. (gymnasium's wrapper restarts
+    # all of them over SyncVectorEnv, which pops the mask before the wrapper reads it.)
+    ours.step(np.zeros(4, dtype=np.int64))
+    before = ours.episode_returns.copy()
+    ours.reset(seed=9, options={"reset_mask": np.array([True, False, True, False])})
+    np.testing.assert_array_equal(ours.episode_returns, [0.0, before[1], 0.0, before[3]])
+    ours.close()
+    theirs.close()

@@ -114,9 +114,17 @@ class OffPolicyModule(RLModule):
         lr = self.set_lr(self.current(self.lr_points, self.lr), *(optimizers if isinstance(optimizers, list)
                                                                   else [optimizers]))
         beta = self.current(self.beta_points, self.prioritized_replay_beta) if replay.prioritized_replay else None
+        drawn = {} if replay.prioritized_replay else {
+            # Uniform draws do not depend on the updates and the buffer does not change while the
+            # learner trains: every minibatch of the iteration comes from one draw and one gather.
+            policy_id: replay.sample_minibatch(policy_id, self.num_gradient_steps * self.train_batch_size)
+            .to(self.device).minibatches(self.train_batch_size, shuffle=False)
+            for policy_id in self.policies_to_train
+        }
         for _ in range(self.num_gradient_steps):
             for policy_id in self.policies_to_train:
-                minibatch = replay.sample_minibatch(policy_id, self.train_batch_size, beta).to(self.device)
+                minibatch = next(drawn[policy_id]) if drawn else replay.sample_minibatch(
+                    policy_id, self.train_batch_size, beta).to(self.device)
                 results = self.update(policy_id, minibatch)
                 if replay.prioritized_replay:
                     replay.update_priorities(policy_id, minibatch[SampleBatch.BATCH_INDEXES], results["td_error"])

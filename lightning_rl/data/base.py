@@ -279,7 +279,7 @@ class EnvDataModule(pl.LightningDataModule):
 
     def episode_info(self) -> dict[str, Any]:
         """Returns and lengths of the episodes that ended since the last call."""
-        stats = self.envs  # the RecordEpisodeStatistics wrapper
+        stats = self.envs  # the EpisodeStatistics wrapper (data/envs.py)
         new = min(stats.episode_count - self._episodes_seen, len(stats.return_queue))
         self._episodes_seen = stats.episode_count
         returns = [float(r) for r in islice(reversed(stats.return_queue), new)][::-1]

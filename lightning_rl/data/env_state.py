@@ -129,7 +129,7 @@ def capture_env_state(envs: object) -> dict:
         return {TAG: "object", "type": _type_name(x), "attrs": attrs}
 
     def seq(x: list | tuple | deque, path: str) -> list | dict:
-        # Numpy scalars of one type (RecordEpisodeStatistics' queues) travel as one array, not
+        # Numpy scalars of one type (the episode-statistics queues) travel as one array, not
         # one tensor each: that keeps saving and loading fast.
         if len(x) > 1 and isinstance(x[0], np.generic) and all(type(v) is type(x[0]) for v in x):
             return _array(np.array(list(x)), f"{path}[:]")

@@ -10,6 +10,7 @@ import signal
 import time
 import traceback
 import warnings
+from collections import deque
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, Literal
@@ -70,8 +71,8 @@ def resolve_vectorization(env: EnvSpec, vectorization: str) -> str:
 def make_vector_env(env: EnvSpec, num_envs: int, vectorization: str = "auto") -> gym.vector.VectorEnv:
     """``num_envs`` copies of ``env`` as one vector env with next-step autoreset.
 
-    The vector env is wrapped in gymnasium's ``RecordEpisodeStatistics`` so episode returns
-    and lengths are those of the raw env, before any reward normalization.
+    The vector env is wrapped in ``EpisodeStatistics`` so episode returns and lengths are
+    those of the raw env, before any reward normalization.
     """
     if num_envs < 1:
         raise ValueError(f"num_envs must be >= 1, got {num_envs}")
@@ -90,7 +91,53 @@ def make_vector_env(env: EnvSpec, num_envs: int, vectorization: str = "auto") ->
             venv = gym.vector.AsyncVectorEnv([worker_env] * num_envs, autoreset_mode=AutoresetMode.NEXT_STEP)
     if venv.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP) != AutoresetMode.NEXT_STEP:
         raise ValueError(f"{env!r}: lightning_rl needs next-step autoreset, got {venv.metadata['autoreset_mode']}")
-    return gym.wrappers.vector.RecordEpisodeStatistics(venv, buffer_length=100_000)
+    return EpisodeStatistics(venv, buffer_length=100_000)
+
+
+class EpisodeStatistics(gym.vector.VectorWrapper):
+    """Each sub-env's episode return and length under next-step autoreset, kept as gymnasium's
+    ``vector.RecordEpisodeStatistics`` keeps them (same attributes: ``episode_count``,
+    ``return_queue``, ``length_queue``; returns summed in float64) in a few numpy operations
+    per step. At 8 CartPoles gymnasium's wrapper cost half as much as the envs' own step,
+    paid at every env step. It adds nothing to ``info``.
+    """
+
+    def __init__(self, env: gym.vector.VectorEnv, buffer_length: int = 100) -> None:
+        super().__init__(env)
+        self.episode_count = 0
+        self.episode_returns = np.zeros(self.num_envs)
+        self.episode_lengths = np.zeros(self.num_envs, dtype=np.int64)
+        self.prev_dones = np.zeros(self.num_envs, dtype=bool)
+        self.return_queue: deque[np.float64] = deque(maxlen=buffer_length)
+        self.length_queue: deque[np.int64] = deque(maxlen=buffer_length)
+
+    def reset(self, *, seed: Any = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+        mask = None if options is None else options.get("reset_mask")
+        obs, info = super().reset(seed=seed, options=options)
+        restart = slice(None) if mask is None else np.asarray(mask, dtype=bool)
+        self.episode_returns[restart] = 0.0
+        self.episode_lengths[restart] = 0
+        self.prev_dones[restart] = False
+        return obs, info
+
+    def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        obs, rewards, terminateds, truncateds, info = self.env.step(actions)
+        prev = self.prev_dones
+        if prev.any():  # these envs only reset this step: a new episode starts, this step not in it
+            self.episode_returns[prev] = 0.0
+            self.episode_lengths[prev] = 0
+            self.episode_returns += np.where(prev, 0.0, rewards)
+            self.episode_lengths += ~prev
+        else:
+            self.episode_returns += rewards
+            self.episode_lengths += 1
+        self.prev_dones = dones = terminateds | truncateds
+        if dones.any():
+            ended = np.flatnonzero(dones)
+            self.episode_count += len(ended)
+            self.return_queue.extend(self.episode_returns[ended])
+            self.length_queue.extend(self.episode_lengths[ended])
+        return obs, rewards, terminateds, truncateds, info
 
 
 # ----------------------------------------------------------------------------- worker faults

@@ -15,11 +15,12 @@ from lightning_rl.data.replay_buffer import PrioritizedReplayBuffer, ReplayBuffe
 
 class ReplayDataModule(EnvDataModule):
     """Each iteration: ``train_freq`` vector-env steps into the replay buffer; the learner then
-    draws its minibatches from here, one per gradient step.
+    draws its minibatches from here: one draw per gradient step with prioritized replay, every
+    minibatch of the iteration in one draw with uniform replay (it does not depend on the updates).
 
     The batch a training step receives carries no rows: ``batch.replay`` is this DataModule
-    once learning may start, else ``None``. The learner calls ``sample_minibatch`` for each
-    gradient step and gives the ``td_error`` of exactly those rows back through
+    once learning may start, else ``None``. With prioritized replay the learner calls
+    ``sample_minibatch`` for each gradient step and gives the ``td_error`` of exactly those rows back through
     ``update_priorities`` before it samples the next — sample, update, priorities, as the
     reference's replay loop does. Learning may start after ``learning_starts`` env steps
     (per process) and ``n_step + 1`` vector steps: counts that are the same on every DDP rank,

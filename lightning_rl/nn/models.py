@@ -15,7 +15,23 @@ from lightning_rl.nn.distributions import Categorical, DiagGaussian, Distributio
 ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "silu": nn.SiLU}
 
 
-def mlp(in_dim: int, hiddens: Sequence[int], activation: str) -> nn.Sequential:
+class MLP(nn.Sequential):
+    """``nn.Sequential`` whose forward runs each layer's ``forward`` directly.
+
+    An acting step runs these networks on a few rows per env step, where the time goes to
+    per-call overhead rather than arithmetic; skipping each layer's ``__call__`` (its hook
+    bookkeeping) saves about a third of an actor-critic's acting forward on CPU. Same
+    layers, parameter names and results as ``nn.Sequential``; hooks registered on the
+    individual layers (not on the MLP itself) do not run.
+    """
+
+    def forward(self, x: Tensor) -> Tensor:
+        for layer in self._modules.values():
+            x = layer.forward(x)  # type: ignore[union-attr]
+        return x
+
+
+def mlp(in_dim: int, hiddens: Sequence[int], activation: str) -> MLP:
     """Fully connected layers ``in_dim -> hiddens...``, each followed by ``activation``."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"unknown activation {activation!r}; choose one of {sorted(ACTIVATIONS)}")
@@ -23,7 +39,7 @@ def mlp(in_dim: int, hiddens: Sequence[int], activation: str) -> nn.Sequential:
     for size in hiddens:
         layers += [nn.Linear(in_dim, size), ACTIVATIONS[activation]()]
         in_dim = size
-    return nn.Sequential(*layers)
+    return MLP(*layers)
 
 
 def _init_linear(module: nn.Module, gain: float) -> None:
