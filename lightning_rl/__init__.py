@@ -1,9 +1,9 @@
 """lightning_rl: reinforcement learning as PyTorch Lightning modules and data modules."""
 
-from lightning_rl.algorithms import A2C, DQN, PPO, SAC, RLModule
+from lightning_rl.algorithms import A2C, DQN, IMPALA, PPO, SAC, RLModule
 from lightning_rl.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
 from lightning_rl.callbacks import LearnerInfoCallback, RolloutMetricsCallback
-from lightning_rl.data import ReplayDataModule, RolloutDataModule
+from lightning_rl.data import AsyncSamplingDataModule, ReplayDataModule, RolloutDataModule
 from lightning_rl.evaluation import evaluate
 from lightning_rl.learner_info import LearnerInfoBuilder
 
@@ -13,8 +13,10 @@ __all__ = [
     "A2C",
     "DEFAULT_POLICY_ID",
     "DQN",
+    "IMPALA",
     "PPO",
     "SAC",
+    "AsyncSamplingDataModule",
     "LearnerInfoBuilder",
     "LearnerInfoCallback",
     "MultiAgentBatch",

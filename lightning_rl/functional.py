@@ -203,3 +203,80 @@ def soft_update_(target: Sequence[Tensor], source: Sequence[Tensor], tau: float)
 def huber_loss(x: Tensor, delta: float = 1.0) -> Tensor:
     """Elementwise Huber loss of ``[N]`` errors: quadratic within ``delta``, linear outside."""
     return torch.where(x.abs() < delta, 0.5 * x.pow(2), delta * (x.abs() - 0.5 * delta))
+
+
+def vtrace(
+    behaviour_logp: Tensor,
+    target_logp: Tensor,
+    rewards: Tensor,
+    values: Tensor,
+    bootstrap_value: Tensor,
+    terminateds: Tensor,
+    truncateds: Tensor,
+    gamma: float,
+    clip_rho_threshold: float | None = 1.0,
+    clip_pg_rho_threshold: float | None = 1.0,
+    lambda_: float = 1.0,
+) -> tuple[Tensor, Tensor]:
+    """V-trace off-policy value targets and policy-gradient advantages over time-major arrays.
+
+    Args:
+        behaviour_logp: ``[T, B]`` log-probability of step ``t``'s action under the policy that
+            sampled it.
+        target_logp: ``[T, B]`` the same under the policy being learned.
+        rewards: ``[T, B]`` reward of step ``t``.
+        values: ``[T, B]`` value of the observation step ``t`` was taken in.
+        bootstrap_value: ``[B]`` value of the observation after the last step.
+        terminateds: ``[T, B]`` step ``t`` ended the episode in a terminal state.
+        truncateds: ``[T, B]`` step ``t`` cut the episode (time limit): not terminal.
+        clip_rho_threshold: clip of the importance ratio in the value targets (rho bar);
+            ``None`` means no clipping.
+        clip_pg_rho_threshold: clip of the ratio in the policy-gradient advantages; ``None``
+            means no clipping.
+        lambda_: trace decay multiplying the trace coefficients ``c = min(1, ratio)``.
+
+    Next values, truncation and termination are handled as in ``gae``: the value of the next
+    observation is ``values[t + 1]`` (``bootstrap_value`` for the last step), bootstrapped on
+    truncation and zero on termination, and either end stops the trace. The advantage of step
+    ``t`` uses ``vs[t + 1]`` while the episode continues, the plain next value when step ``t``
+    ended it, and ``bootstrap_value`` on the last row.
+
+    With gymnasium's next-step autoreset the row after an episode end is a reset step: its
+    observation is the final observation (so ``values`` there is the bootstrap value truncation
+    needs) and its action was ignored. Its target and advantage are meaningless and must be
+    masked out by the caller; the rows before it are unaffected (they read only that value).
+
+    Computed in the inputs' dtype. The outputs are targets: call this under
+    ``torch.no_grad()`` or detach them.
+
+    Returns:
+        ``(vs, pg_advantages)``, both ``[T, B]``.
+    """
+    for name, x, shape in (
+        ("behaviour_logp", behaviour_logp, values.shape),
+        ("target_logp", target_logp, values.shape),
+        ("rewards", rewards, values.shape),
+        ("bootstrap_value", bootstrap_value, values.shape[1:]),
+        ("terminateds", terminateds, values.shape),
+        ("truncateds", truncateds, values.shape),
+    ):
+        if x.shape != shape:
+            raise ValueError(f"vtrace: {name} has shape {tuple(x.shape)}, expected {tuple(shape)} from values")
+    # Espeholt et al. 2018 (IMPALA): the target v_s of eq. 1 with c_i = lambda min(1, rho_i), and the
+    # policy-gradient advantage rho_s (r_s + gamma v_{s+1} - V(x_s)) of section 4.2.
+    rho = torch.exp(target_logp - behaviour_logp)
+    clipped_rho = rho if clip_rho_threshold is None else rho.clamp(max=clip_rho_threshold)
+    clipped_pg_rho = rho if clip_pg_rho_threshold is None else rho.clamp(max=clip_pg_rho_threshold)
+    not_term = 1.0 - terminateds.to(values.dtype)
+    cont = 1.0 - torch.maximum(terminateds.to(values.dtype), truncateds.to(values.dtype))
+    next_values = torch.cat([values[1:], bootstrap_value.unsqueeze(0)], dim=0)
+    deltas = clipped_rho * (rewards + gamma * not_term * next_values - values)
+    discounts = gamma * lambda_ * rho.clamp(max=1.0) * cont
+    accs = [torch.zeros_like(bootstrap_value)]  # accs[-1] is acc[t + 1]
+    for t in range(values.shape[0] - 1, -1, -1):
+        accs.append(deltas[t] + discounts[t] * accs[-1])
+    acc_next = torch.stack(accs[:-1][::-1])  # acc[t + 1], [T, B]
+    vs = values + torch.stack(accs[1:][::-1])
+    vs_next = next_values + cont * acc_next
+    pg_advantages = clipped_pg_rho * (rewards + gamma * not_term * vs_next - values)
+    return vs, pg_advantages

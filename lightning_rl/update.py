@@ -21,6 +21,7 @@ Under DDP the compiled step is two graphs around one flat all-reduce of the grad
 
 from __future__ import annotations
 
+import functools
 import math
 import types
 import warnings
@@ -45,6 +46,20 @@ def call(module: nn.Module, params: Mapping[str, Tensor] | None, *args: Any, **k
     if params is None:
         return module(*args, **kwargs)
     return torch.func.functional_call(module, dict(params), args, kwargs)
+
+
+def policy_loss(loss: Callable[..., tuple[Tensor, dict[str, Any]]], policy_id: str) -> LossFn:
+    """An algorithm's ``loss(policy_id, batch, params=None, scalars=None)`` of one policy as an
+    ``UpdateStep`` loss. The eager step (``params=None``) lets the loss read its own parameters
+    and schedule values; the compiled step passes both, the values as tensors."""
+    return functools.partial(_policy_loss, loss, policy_id)
+
+
+def _policy_loss(loss: Callable[..., Any], policy_id: str, params: dict[str, Tensor] | None, batch: Any,
+                 scalars: dict[str, Any]) -> tuple[Tensor, dict[str, Any]]:
+    if params is None:
+        return loss(policy_id, batch)
+    return loss(policy_id, batch, params, scalars) if scalars else loss(policy_id, batch, params)
 
 
 def warn_once(message: str) -> None:

@@ -1,9 +1,10 @@
 from lightning_rl.algorithms.a2c import A2C
 from lightning_rl.algorithms.base import RLModule
 from lightning_rl.algorithms.dqn import DQN
+from lightning_rl.algorithms.impala import IMPALA
 from lightning_rl.algorithms.off_policy import OffPolicyModule
 from lightning_rl.algorithms.on_policy import OnPolicyModule
 from lightning_rl.algorithms.ppo import PPO
 from lightning_rl.algorithms.sac import SAC
 
-__all__ = ["A2C", "DQN", "PPO", "SAC", "OffPolicyModule", "OnPolicyModule", "RLModule"]
+__all__ = ["A2C", "DQN", "IMPALA", "PPO", "SAC", "OffPolicyModule", "OnPolicyModule", "RLModule"]

@@ -15,7 +15,7 @@ from lightning_rl.batch import DEFAULT_POLICY_ID, SampleBatch
 from lightning_rl.data.envs import EnvSpec
 from lightning_rl.functional import huber_loss, soft_update_
 from lightning_rl.nn.q_models import QNetwork
-from lightning_rl.update import call
+from lightning_rl.update import call, policy_loss
 
 
 class DQN(OffPolicyModule):
@@ -144,7 +144,7 @@ class DQN(OffPolicyModule):
     def update(self, policy_id: str, batch: SampleBatch) -> dict[str, Any]:
         step = self.update_step(
             f"q/{policy_id}", dict(self.policies[policy_id].named_parameters()), self.policy_optimizer(policy_id),
-            lambda params, b, scalars: self.loss(policy_id, b) if params is None else self.loss(policy_id, b, params),
+            policy_loss(self.loss, policy_id),
             self.grad_clip,
         )
         results = step(batch)

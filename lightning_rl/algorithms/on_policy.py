@@ -17,6 +17,7 @@ from lightning_rl.distributed import sum_over_ranks
 from lightning_rl.functional import gae, moments, standardized
 from lightning_rl.learner_info import LEARNER_STATS_KEY, LearnerInfoBuilder
 from lightning_rl.nn.models import ActorCritic
+from lightning_rl.update import policy_loss
 
 
 class OnPolicyModule(RLModule):
@@ -155,13 +156,6 @@ class OnPolicyModule(RLModule):
         minibatch[SampleBatch.MASK] = mask
         return minibatch
 
-    def _loss_fn(self, policy_id: str) -> Any:
-        def loss_fn(params: dict[str, Tensor] | None, batch: Any, scalars: dict[str, Any]) -> Any:
-            if params is None:  # eager: the loss reads its own scalars
-                return self.loss(policy_id, batch)
-            return self.loss(policy_id, batch, params, scalars)
-        return loss_fn
-
     def learn_on_batch(self, batch: MultiAgentBatch, builder: LearnerInfoBuilder) -> int:
         trained = 0
         for policy_id in self.policies_to_train:
@@ -181,7 +175,7 @@ class OnPolicyModule(RLModule):
         optimizer = self.policy_optimizer(policy_id)
         lr = self.set_lr(self.current(self.lr_points, self.lr), optimizer)
         step = self.update_step(f"loss/{policy_id}", dict(self.policies[policy_id].named_parameters()), optimizer,
-                                self._loss_fn(policy_id), self.grad_clip)
+                                policy_loss(self.loss, policy_id), self.grad_clip)
         scalars = self.loss_scalars(policy_id)
         for _ in range(self.num_sgd_iter):
             order = torch.randperm(batch.count, generator=self.shuffle_generator).to(self.device)

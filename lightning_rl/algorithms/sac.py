@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from functools import partial
 from typing import Any
 
 import torch
@@ -17,7 +16,7 @@ from lightning_rl.batch import DEFAULT_POLICY_ID, SampleBatch
 from lightning_rl.data.envs import EnvSpec
 from lightning_rl.functional import soft_update_
 from lightning_rl.nn.q_models import SquashedGaussianActor, TwinQ
-from lightning_rl.update import call
+from lightning_rl.update import call, policy_loss
 
 
 class SAC(OffPolicyModule):
@@ -169,13 +168,10 @@ class SAC(OffPolicyModule):
             ("actor", dict(self.policies[policy_id].named_parameters()), actor_opt, self.actor_loss),
         ):
             step = self.update_step(f"{name}/{policy_id}", params, optimizer,
-                                    partial(_loss_fn, loss, policy_id), self.grad_clip)
+                                    policy_loss(loss, policy_id), self.grad_clip)
             results.update(step(batch))
         return {"td_error": results.pop("td_error"), "learner_stats": results}
 
     def update_targets(self) -> None:
         soft_update_(list(self.target_critics.parameters()), list(self.critics.parameters()), self.tau)
 
-
-def _loss_fn(loss: Any, policy_id: str, params: Any, batch: Any, scalars: Any) -> Any:
-    return loss(policy_id, batch, params)

@@ -30,6 +30,7 @@ class RolloutMetricsCallback(pl.Callback):
         self._last_steps = 0
         # Sums since the last logged iteration (per-iteration averages are logged).
         self._episodes, self._sample_s, self._learn_s, self._iterations = 0, 0.0, 0.0, 0
+        self._perf: dict[str, tuple[float, int]] = {}
 
     def state_dict(self) -> dict[str, Any]:
         return {"returns": list(self.returns), "lengths": list(self.lengths)}
@@ -67,6 +68,9 @@ class RolloutMetricsCallback(pl.Callback):
         self._sample_s += info.get("sample_time_s", 0.0)
         self._learn_s += outputs.get("learn_time_s", 0.0) if outputs else 0.0
         self._iterations += 1
+        for key, value in info.get("perf", {}).items():  # sampler figures (async sampling), averaged
+            total, count = self._perf.get(key, (0.0, 0))
+            self._perf[key] = (total + value, count + 1)
         if not should_log(trainer, batch_idx):
             return
         metrics: dict[str, float] = {}
@@ -86,6 +90,8 @@ class RolloutMetricsCallback(pl.Callback):
             metrics["perf/env_steps_per_s"] = (steps - self._last_steps) / (now - self._last_time)
         metrics["perf/sample_time_ms"] = 1000.0 * self._sample_s / self._iterations
         metrics["perf/learn_time_ms"] = 1000.0 * self._learn_s / self._iterations
+        metrics.update({f"perf/{key}": total / count for key, (total, count) in self._perf.items()})
+        self._perf = {}
         self._last_time, self._last_steps = now, steps
         self._episodes, self._sample_s, self._learn_s, self._iterations = 0, 0.0, 0.0, 0
         pl_module.log_dict(metrics, batch_size=1)

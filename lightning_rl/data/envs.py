@@ -289,7 +289,7 @@ def close_vector_env(
         # terminate() that a worker with a forked SIGTERM handler ignores.
         if not terminate:
             _ask_workers_to_close(venv, timeout)
-        _stop_workers(venv.processes, timeout)
+        stop_processes(venv.processes, timeout)
         for pipe in venv.parent_pipes:
             if pipe is not None:
                 pipe.close()
@@ -373,8 +373,8 @@ def _exited(processes: Sequence[Any]) -> list[tuple[int, Any]]:
     return dead
 
 
-def _stop_workers(processes: Sequence[Any], timeout: float) -> None:
-    """SIGTERM the live workers, SIGKILL those still alive ``timeout`` seconds later, reap all."""
+def stop_processes(processes: Sequence[Any], timeout: float) -> None:
+    """SIGTERM the live processes, SIGKILL those still alive ``timeout`` seconds later, reap all."""
     alive = []
     for process in processes:
         try:

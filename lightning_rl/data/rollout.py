@@ -48,7 +48,7 @@ class RolloutDataModule(EnvDataModule):
         assert self.module is not None and self.envs is not None, "call setup() first"
         start = time.perf_counter()
         with torch.inference_mode():
-            rollout, valid = self._rollout(policy_id)
+            rollout, valid = self.rollout_fragment(policy_id)
         # Outside inference mode: the batch's tensors become ordinary ones autograd may save.
         rollout = SampleBatch({k: v.clone() for k, v in rollout.items()})
         with torch.no_grad():
@@ -57,8 +57,9 @@ class RolloutDataModule(EnvDataModule):
         info["sample_time_s"] = time.perf_counter() - start
         return MultiAgentBatch({policy_id: batch}, env_steps=self.train_batch_size, info=info)
 
-    def _rollout(self, policy_id: str) -> tuple[SampleBatch, torch.Tensor]:
-        """Time-major ``[T, N]`` columns of one fragment and the ``[T, N]`` mask of real transitions."""
+    def rollout_fragment(self, policy_id: str) -> tuple[SampleBatch, torch.Tensor]:
+        """Time-major ``[T, N]`` columns of one fragment (call under ``torch.inference_mode``) and
+        the ``[T, N]`` mask of real transitions; ``self._obs`` is then the observation after it."""
         T, N = self.rollout_fragment_length, self.num_envs
         cols: dict[str, torch.Tensor] = {}
         rewards = np.empty((T, N), dtype=np.float32)

@@ -1,0 +1,168 @@
+"""IMPALA (Espeholt et al. 2018, https://arxiv.org/abs/1802.01561): an actor-critic learner fed
+by asynchronous sampler workers, its policy lag corrected by V-trace."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lightning_rl.algorithms.base import RLModule, Schedule, check_gamma, check_positive, resolve_schedule
+from lightning_rl.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
+from lightning_rl.data.async_sampling import BOOTSTRAP_OBS, VALID, AsyncSamplingDataModule
+from lightning_rl.data.envs import EnvSpec
+from lightning_rl.functional import explained_variance, masked_mean, vtrace
+from lightning_rl.learner_info import LEARNER_STATS_KEY, LearnerInfoBuilder
+from lightning_rl.nn.models import ActorCritic
+from lightning_rl.update import call, policy_loss
+
+
+class IMPALA(RLModule):
+    """IMPALA: one gradient step per training batch of time-major fragments from sampler workers.
+
+    Loss, over the real (non-reset) rows of a ``[T, B]`` batch::
+
+        pg_loss + vf_loss_coeff * vf_loss - entropy_coeff * entropy,
+        pg_loss = -mean(log pi(a|s) * pg_advantage),  vf_loss = 0.5 * mean((V(s) - vs)^2)
+
+    with ``vs`` and ``pg_advantage`` from V-trace (``functional.vtrace``) between the behaviour
+    policy that sampled each fragment and the current one. Means rather than the reference's
+    sums: Adam's step does not depend on the scale, and a loss does not grow with the batch.
+
+    Args:
+        num_workers, num_envs, rollout_fragment_length, train_batch_size, learner_queue_size,
+        broadcast_interval, max_policy_lag, sampler_timeout_s, restart_failed_workers,
+        num_sgd_iter, minibatch_buffer_size: the ``AsyncSamplingDataModule``'s.
+        vtrace_clip_rho_threshold, vtrace_clip_pg_rho_threshold: V-trace's clips of the
+            importance ratio in the value targets and the policy gradient (``None``: no clip).
+
+    See ``RLModule`` and the README for the shared hyperparameters.
+    """
+
+    def __init__(
+        self,
+        env: EnvSpec = "CartPole-v1",
+        num_workers: int = 2,
+        num_envs: int = 4,
+        rollout_fragment_length: int = 50,
+        train_batch_size: int = 500,
+        learner_queue_size: int = 16,
+        broadcast_interval: int = 1,
+        max_policy_lag: int | None = None,
+        sampler_timeout_s: float = 60.0,
+        restart_failed_workers: bool = False,
+        num_sgd_iter: int = 1,
+        minibatch_buffer_size: int = 1,
+        total_env_steps: int | None = 500_000,
+        iterations_per_epoch: int = 20,
+        seed: int | None = None,
+        vectorization: str = "auto",
+        num_cpu_threads: int | None = 1,
+        cpu_affinity: bool = True,
+        evaluation_interval: int | None = None,
+        evaluation_num_episodes: int = 10,
+        check_finite: bool = True,
+        compile: bool = False,
+        lr: float = 5e-4,
+        lr_schedule: Schedule = None,
+        gamma: float = 0.99,
+        grad_clip: float | None = 40.0,
+        vf_loss_coeff: float = 0.5,
+        entropy_coeff: float = 0.01,
+        vtrace_clip_rho_threshold: float | None = 1.0,
+        vtrace_clip_pg_rho_threshold: float | None = 1.0,
+        hiddens: Sequence[int] = (64, 64),
+        activation: str = "tanh",
+        vf_share_layers: bool = False,
+        log_std_init: float = 0.0,
+    ) -> None:
+        super().__init__(
+            env=env, total_env_steps=total_env_steps, seed=seed, num_cpu_threads=num_cpu_threads,
+            cpu_affinity=cpu_affinity, evaluation_interval=evaluation_interval,
+            evaluation_num_episodes=evaluation_num_episodes, compile=compile,
+        )
+        self.save_hyperparameters()
+        check_positive(lr=lr, grad_clip=grad_clip, vtrace_clip_rho_threshold=vtrace_clip_rho_threshold,
+                       vtrace_clip_pg_rho_threshold=vtrace_clip_pg_rho_threshold)
+        check_gamma(gamma)
+        self.default_datamodule = AsyncSamplingDataModule(
+            env, num_workers=num_workers, num_envs=num_envs, rollout_fragment_length=rollout_fragment_length,
+            train_batch_size=train_batch_size, learner_queue_size=learner_queue_size,
+            broadcast_interval=broadcast_interval, max_policy_lag=max_policy_lag,
+            sampler_timeout_s=sampler_timeout_s, restart_failed_workers=restart_failed_workers,
+            num_sgd_iter=num_sgd_iter, minibatch_buffer_size=minibatch_buffer_size, vectorization=vectorization,
+            seed=seed, iterations_per_epoch=iterations_per_epoch, check_finite=check_finite,
+        )
+        self.lr = lr
+        self.lr_points = resolve_schedule("lr_schedule", lr_schedule, lr, total_env_steps)
+        self.gamma, self.grad_clip = gamma, grad_clip
+        self.vf_loss_coeff, self.entropy_coeff = vf_loss_coeff, entropy_coeff
+        self.clip_rho, self.clip_pg_rho = vtrace_clip_rho_threshold, vtrace_clip_pg_rho_threshold
+        with torch.random.fork_rng():
+            if seed is not None:
+                torch.manual_seed(seed)
+            self.policies[DEFAULT_POLICY_ID] = ActorCritic(
+                self.observation_space, self.action_space, hiddens, activation, vf_share_layers, log_std_init
+            )
+
+    def configure_optimizers(self) -> Any:
+        return [torch.optim.Adam(self.policies[pid].parameters(), lr=self.lr, fused=True)
+                for pid in self.policies_to_train]
+
+    def loss(
+        self, policy_id: str, batch: SampleBatch, params: dict[str, Tensor] | None = None,
+        scalars: dict[str, Any] | None = None,
+    ) -> tuple[Tensor, dict[str, Any]]:
+        """The IMPALA loss on one time-major batch (``[T, B]`` columns and ``bootstrap_obs [B]``)."""
+        actions = batch[SampleBatch.ACTIONS]
+        T, B = actions.shape[:2]
+        # One forward over every observation and the bootstrap ones; their actions are dummies.
+        obs = torch.cat([batch[SampleBatch.OBS].flatten(0, 1), batch[BOOTSTRAP_OBS]])
+        dist, values_all = call(self.policies[policy_id], params, obs)
+        n = T * B
+        logp = dist.log_prob(torch.cat([actions.flatten(0, 1), actions[0]]))[:n].reshape(T, B)
+        values, bootstrap_value = values_all[:n].reshape(T, B), values_all[n:]
+
+        vs, pg_advantages = vtrace(
+            batch[SampleBatch.ACTION_LOGP], logp.detach(), batch[SampleBatch.REWARDS], values.detach(),
+            bootstrap_value.detach(), batch[SampleBatch.TERMINATEDS], batch[SampleBatch.TRUNCATEDS],
+            self.gamma, self.clip_rho, self.clip_pg_rho,
+        )
+        mask = batch[VALID].flatten().to(values.dtype)  # reset rows of next-step autoreset count 0
+
+        pg_loss = -masked_mean((logp * pg_advantages).flatten(), mask)
+        vf_loss = 0.5 * masked_mean((values - vs).pow(2).flatten(), mask)
+        entropy = masked_mean(dist.entropy()[:n], mask)
+        total_loss = pg_loss + self.vf_loss_coeff * vf_loss - self.entropy_coeff * entropy
+
+        with torch.no_grad():
+            rho = torch.exp(logp - batch[SampleBatch.ACTION_LOGP]).flatten()
+            stats = {
+                "total_loss": total_loss.detach(),
+                "pg_loss": pg_loss.detach(),
+                "vf_loss": vf_loss.detach(),
+                "entropy": entropy.detach(),
+                "vf_explained_var": explained_variance(values.flatten(), vs.flatten(), mask),
+                "mean_rho": masked_mean(rho, mask),
+                "max_rho": (rho * mask).max(),
+            }
+        return total_loss, stats
+
+    def learn_on_batch(self, batch: MultiAgentBatch, builder: LearnerInfoBuilder) -> int:
+        trained = 0
+        for policy_id in self.policies_to_train:
+            policy_batch = batch.policy_batches.get(policy_id)
+            if policy_batch is None:
+                continue
+            optimizer = self.policy_optimizer(policy_id)
+            lr = self.set_lr(self.current(self.lr_points, self.lr), optimizer)
+            step = self.update_step(f"loss/{policy_id}", dict(self.policies[policy_id].named_parameters()),
+                                    optimizer, policy_loss(self.loss, policy_id), self.grad_clip)
+            stats = step(policy_batch.to(self.device), {})
+            self.counters["num_grad_updates"] += 1
+            builder.add_learn_on_batch_results({LEARNER_STATS_KEY: {**stats, "cur_lr": lr}}, policy_id)
+            trained += int(policy_batch[VALID].numel())
+        return trained
+

@@ -1,0 +1,550 @@
+"""Asynchronous sampling: worker processes step envs with a slightly stale policy while the learner trains.
+
+The reference runs SGD in a learner thread so its main thread can keep sampling; under
+Lightning the roles invert: the training loop is the learner, and this DataModule owns
+
+* ``num_workers`` sampler processes, each with ``num_envs`` vector envs and a CPU copy of the
+  policy, writing time-major fragments of ``rollout_fragment_length`` steps into
+  shared-memory slots it owns, stamped with the policy version they were sampled with;
+* a bounded learner queue (``learner_queue_size``) that carries slot ids, not tensors;
+* one background thread in the learner process that drains the queue, drops fragments more
+  than ``max_policy_lag`` versions old, assembles ``train_batch_size`` env steps into one
+  time-major batch and moves it to the learner's device (pinned, non-blocking) while the
+  current batch trains (the reference's load/optimize overlap);
+* the weights, broadcast to every worker through one shared flat tensor every
+  ``broadcast_interval`` training iterations (a sequence lock; nothing pickled).
+
+``num_workers=0`` samples in the learner process, fragment after fragment: the synchronous
+baseline (like RLlib's ``num_env_runners=0``).
+
+A batch is one policy's ``SampleBatch`` of time-major columns ``[T, B]`` (``B`` = envs of
+all fragments in it): ``obs``, ``actions``, ``action_logp`` (behaviour), ``vf_preds``,
+``rewards``, ``terminateds``, ``truncateds``, ``valid`` (False on the reset rows of next-step
+autoreset) and ``policy_version`` ``[B]``, plus ``bootstrap_obs`` ``[B, *obs_shape]``, the
+observation after the last step.
+
+Faults: an env that raises in a worker reaches the learner as a ``RuntimeError`` naming the
+worker and carrying the env's traceback, at its next pull; a worker killed by a signal is
+detected within ``sampler_timeout_s`` and named with its exit code, or restarted with a new
+seed when ``restart_failed_workers``. Workers exit when the learner process dies, and no
+worker outlives ``fit`` (closed at its end, on an exception and on Ctrl-C).
+
+Resume: envs in other processes are not bit-resumable. A restored run keeps its counters,
+optimizer and policy; its workers start fresh episodes with seeds derived from the restored
+counters.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import math
+import multiprocessing.connection
+import os
+import queue
+import signal
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+import torch.multiprocessing as mp
+from torch import nn
+
+from lightning_rl.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
+from lightning_rl.data.base import EnvDataModule, rank_seed
+from lightning_rl.data.envs import EnvSpec, close_vector_env, describe_exit_code, make_vector_env, stop_processes
+from lightning_rl.data.rollout import RolloutDataModule
+
+__all__ = ["AsyncSamplingDataModule", "MinibatchBuffer"]
+
+BOOTSTRAP_OBS = "bootstrap_obs"
+POLICY_VERSION = "policy_version"
+VALID = "valid"
+_POLL_S = 0.05  # how often a blocked learner or worker looks at the world (stop, deaths)
+
+
+class MinibatchBuffer:
+    """Hands out ``size`` batches round robin, each exactly ``num_passes`` times, then replaces it
+    with the next from ``source`` (the reference's ``MinibatchBuffer``): with ``num_passes`` > 1
+    the learner trains on a batch again rather than waiting for a new one."""
+
+    def __init__(self, source: Callable[[], Any], size: int, num_passes: int) -> None:
+        self.source, self.size, self.num_passes = source, size, num_passes
+        self.batches: list[Any] = [None] * size
+        self.ttl = [0] * size
+        self.index = 0
+
+    def get(self) -> tuple[Any, bool]:
+        """``(batch, new)``: ``new`` on the first of its ``num_passes`` hand-outs."""
+        i = self.index
+        new = self.ttl[i] == 0
+        if new:
+            self.batches[i] = None  # let the old one go before waiting for the next
+            self.batches[i], self.ttl[i] = self.source(), self.num_passes
+        self.ttl[i] -= 1
+        self.index = (i + 1) % self.size
+        return self.batches[i], new
+
+
+class _Policy:
+    """What a fragment sampler needs of a module, in a worker: the policy's exploring actions."""
+
+    def __init__(self, policy: nn.Module) -> None:
+        self.policy = policy
+
+    def check_spaces(self, observation_space: Any, action_space: Any) -> None:
+        pass
+
+    def policy_outputs(self, obs: torch.Tensor, policy_id: str, explore: bool = True,
+                       generator: torch.Generator | None = None, device: Any = None) -> dict[str, torch.Tensor]:
+        return self.policy.compute_actions(obs, explore=explore, generator=generator)
+
+
+class _SharedWeights:
+    """The policy's parameters as one flat shared tensor, with a sequence lock: odd while the
+    learner writes. ``version`` is the learner iteration the weights are from."""
+
+    def __init__(self, policy: nn.Module) -> None:
+        flat = torch.nn.utils.parameters_to_vector([p.detach().cpu() for p in policy.parameters()])
+        self.flat = flat.clone().share_memory_()
+        self.seq = torch.zeros(2, dtype=torch.int64).share_memory_()  # [sequence, version]
+
+    def write(self, policy: nn.Module, version: int) -> None:
+        self.seq[0] += 1
+        self.flat.copy_(torch.nn.utils.parameters_to_vector([p.detach().cpu() for p in policy.parameters()]))
+        self.seq[1] = version
+        self.seq[0] += 1
+
+    def read_into(self, policy: nn.Module, have: int) -> int:
+        """Copy newer weights than version ``have`` into ``policy``; returns the version it has."""
+        while True:
+            start = int(self.seq[0])
+            version = int(self.seq[1])
+            if start % 2 or version == have:
+                if start % 2:
+                    time.sleep(0.0005)
+                    continue
+                return have
+            flat = self.flat.clone()
+            if int(self.seq[0]) == start:
+                torch.nn.utils.vector_to_parameters(flat, list(policy.parameters()))
+                return version
+
+
+def _fragment_columns(policy: nn.Module, dm: RolloutDataModule) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """Shapes and dtypes of a fragment's columns, from one probe of the policy (learner side)."""
+    T, N = dm.rollout_fragment_length, dm.num_envs
+    space = dm.module.observation_space
+    obs = torch.as_tensor(np.stack([np.asarray(space.sample()) for _ in range(N)]))
+    with torch.inference_mode():
+        out = policy.compute_actions(obs, explore=True, generator=torch.Generator().manual_seed(0))
+    cols = {SampleBatch.OBS: ((T, N, *obs.shape[1:]), obs.dtype)}
+    cols.update({k: ((T, *v.shape), v.dtype) for k, v in out.items()})
+    cols[SampleBatch.REWARDS] = ((T, N), torch.float32)
+    cols[SampleBatch.TERMINATEDS] = ((T, N), torch.bool)
+    cols[SampleBatch.TRUNCATEDS] = ((T, N), torch.bool)
+    cols[VALID] = ((T, N), torch.bool)
+    cols[BOOTSTRAP_OBS] = ((N, *obs.shape[1:]), obs.dtype)
+    return cols
+
+
+def _worker_main(
+    index: int, seed: int | None, make_sampler: Callable[[int | None], RolloutDataModule], policy: nn.Module,
+    policy_id: str, weights: _SharedWeights, slots: list[dict[str, torch.Tensor]], free: Any, out: Any,
+    stop: Any, parent_pid: int,
+) -> None:
+    """A sampler process: take a free slot id from ``free``, fill the slot with a fragment, send
+    its id on ``out``; until stopped or orphaned. Each worker has its own two pipes: a worker
+    killed mid-write can corrupt only its own (a shared queue's lock would hang the others)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C belongs to the learner, which stops us
+    torch.set_num_threads(1)
+    sampler = None
+    try:
+        sampler = make_sampler(seed)
+        sampler.connect(_Policy(policy))  # type: ignore[arg-type]
+        sampler.setup("fit")
+        version = -1
+        while not stop.is_set() and os.getppid() == parent_pid:
+            if not free.poll(_POLL_S * 4):
+                continue
+            slot = free.recv()
+            version = weights.read_into(policy, version)
+            start = time.perf_counter()
+            with torch.inference_mode():
+                rollout, valid = sampler.rollout_fragment(policy_id)
+            buf = slots[slot]
+            for key, value in rollout.items():
+                buf[key].copy_(value)
+            buf[VALID].copy_(valid)
+            buf[BOOTSTRAP_OBS].copy_(torch.as_tensor(sampler._obs))
+            out.send(("fragment", index, slot, version, time.perf_counter() - start, sampler.episode_info()))
+    except BaseException:  # everything, KeyboardInterrupt included, goes to the learner
+        try:
+            out.send(("error", index, traceback.format_exc()))
+        except OSError:
+            pass
+    finally:
+        if sampler is not None:  # not sampler.close(): it would gather over a forked process group
+            close_vector_env(sampler.envs, terminate=True)
+
+
+class AsyncSamplingDataModule(EnvDataModule):
+    """Sampler workers feeding the learner time-major batches (see the module docstring).
+
+    Args:
+        env: a registered gymnasium id or a callable returning a ``gymnasium.Env``.
+        num_workers: sampler processes (per rank under DDP); 0 samples in the learner process.
+        num_envs: envs per worker (per process with 0 workers).
+        rollout_fragment_length: steps of one fragment, per env.
+        train_batch_size: env steps per training batch (whole fragments: rounded up).
+        learner_queue_size: fragments that may wait for the learner.
+        broadcast_interval: training iterations between weight broadcasts.
+        max_policy_lag: drop (and count) fragments sampled more than this many policy versions
+            (learner iterations) before the learner would train on them; ``None`` keeps all.
+        sampler_timeout_s: how long the learner waits for a fragment before it raises.
+        restart_failed_workers: restart a worker that died (new seed) instead of raising.
+        num_sgd_iter: training iterations each batch is handed out for (the reference's
+            ``num_passes``); only its first counts its env steps as sampled.
+        minibatch_buffer_size: batches handed out round robin (``MinibatchBuffer``).
+        seed, vectorization, iterations_per_epoch, check_finite: as for ``RolloutDataModule``.
+        policy_id: the policy the workers sample with.
+    """
+
+    def __init__(
+        self,
+        env: EnvSpec,
+        num_workers: int = 2,
+        num_envs: int = 4,
+        rollout_fragment_length: int = 50,
+        train_batch_size: int = 500,
+        learner_queue_size: int = 16,
+        broadcast_interval: int = 1,
+        max_policy_lag: int | None = None,
+        sampler_timeout_s: float = 60.0,
+        restart_failed_workers: bool = False,
+        num_sgd_iter: int = 1,
+        minibatch_buffer_size: int = 1,
+        vectorization: str = "auto",
+        seed: int | None = None,
+        iterations_per_epoch: int = 10,
+        check_finite: bool = True,
+        policy_id: str = DEFAULT_POLICY_ID,
+    ) -> None:
+        super().__init__(env, num_envs, vectorization, seed, iterations_per_epoch, "cpu", check_finite)
+        for name, value in dict(rollout_fragment_length=rollout_fragment_length, train_batch_size=train_batch_size,
+                                learner_queue_size=learner_queue_size, broadcast_interval=broadcast_interval,
+                                num_sgd_iter=num_sgd_iter, minibatch_buffer_size=minibatch_buffer_size).items():
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+        if max_policy_lag is not None and max_policy_lag < 0:
+            raise ValueError(f"max_policy_lag must be >= 0 or None, got {max_policy_lag}")
+        if sampler_timeout_s <= 0:
+            raise ValueError(f"sampler_timeout_s must be positive, got {sampler_timeout_s}")
+        self.num_workers = num_workers
+        self.rollout_fragment_length = rollout_fragment_length
+        self.fragments_per_batch = math.ceil(train_batch_size / (num_envs * rollout_fragment_length))
+        self.train_batch_size = self.fragments_per_batch * num_envs * rollout_fragment_length
+        self.learner_queue_size = learner_queue_size
+        self.broadcast_interval = broadcast_interval
+        self.max_policy_lag = max_policy_lag
+        self.sampler_timeout_s = sampler_timeout_s
+        self.restart_failed_workers = restart_failed_workers
+        self.policy_id = policy_id
+        self.buffer = MinibatchBuffer(self._next_batch, minibatch_buffer_size, num_sgd_iter)
+        self.counters = {"num_worker_restarts": 0, "num_fragments_dropped": 0}
+        self._local: RolloutDataModule | None = None
+        self._workers: list[Any] = []
+        self._thread: threading.Thread | None = None
+        self._ready: queue.Queue = queue.Queue(maxsize=1)
+        self._error: BaseException | None = None
+        self._closing = threading.Event()
+
+    # ------------------------------------------------------------ set-up
+    def _sampler(self, seed: int | None) -> RolloutDataModule:
+        return _new_sampler(self.env, self.num_envs, self.rollout_fragment_length, self.vectorization,
+                            self.check_finite, seed)
+
+    def _worker_seed(self, index: int, restarts: int = 0) -> int | None:
+        # Worker i's envs get seeds rank_seed + i * num_envs + j: disjoint from every other worker's.
+        base = rank_seed(self.seed, self.rank)
+        return None if base is None else base + (index + restarts * self.num_workers) * self.num_envs
+
+    def setup(self, stage: str) -> None:
+        if self.module is None and self.trainer is not None:
+            self.connect(self.trainer.lightning_module)
+        if self.module is None:
+            raise RuntimeError(f"{type(self).__name__} needs a module: call connect(module) or use it with a Trainer")
+        if self._local is not None or self._workers:
+            return
+        self.rank = self.trainer.global_rank if self.trainer is not None else 0
+        self._local = self._sampler(self._worker_seed(0))
+        self._local.connect(self.module)
+        if self.num_workers == 0:
+            self._local.setup(stage)
+            self.envs = self._local.envs
+            return
+        self._start_workers()
+
+    def _start_workers(self) -> None:
+        module = self.module
+        assert module is not None
+        policy = module.policies[self.policy_id]
+        probe = make_vector_env(self.env, 1, self.vectorization)  # spaces, checked against the module's
+        try:
+            module.check_spaces(probe.single_observation_space, probe.single_action_space)
+        finally:
+            probe.close()
+        self._cpu_policy = _cpu_copy(policy)
+        self._columns = _fragment_columns(self._cpu_policy, self._local)
+        self._weights = _SharedWeights(self._cpu_policy)
+        self._weights.write(policy, int(module.counters["num_iterations"]))
+        self._last_broadcast = module._weights_version
+        per_worker = 1 + math.ceil(self.learner_queue_size / self.num_workers)
+        self._slots = [
+            {k: torch.zeros(shape, dtype=dtype).share_memory_() for k, (shape, dtype) in self._columns.items()}
+            for _ in range(per_worker * self.num_workers)
+        ]
+        self._owner = [i // per_worker for i in range(len(self._slots))]
+        # fork where it is safe (no CUDA in this process yet): no pickling, quick start.
+        method = "fork" if "fork" in mp.get_all_start_methods() and not torch.cuda.is_initialized() else "spawn"
+        self._ctx = mp.get_context(method)
+        self._stop = self._ctx.Event()
+        self._workers = [None] * self.num_workers
+        self._conns: list[Any] = [None] * self.num_workers  # (free-slot sender, fragment receiver)
+        self._restarts = [0] * self.num_workers
+        for i in range(self.num_workers):
+            self._spawn(i)
+        self._closing.clear()
+        self._thread = threading.Thread(target=self._load_loop, name="lightning_rl-batch-loader", daemon=True)
+        self._thread.start()
+
+    def _spawn(self, index: int) -> None:
+        """Start worker ``index`` with new pipes, holding every slot it owns."""
+        free_recv, free_send = self._ctx.Pipe(duplex=False)
+        out_recv, out_send = self._ctx.Pipe(duplex=False)
+        process = self._ctx.Process(
+            target=_worker_main, name=f"lightning_rl-sampler-{index}", daemon=True,
+            args=(index, self._worker_seed(index, self._restarts[index]),
+                  functools.partial(_new_sampler, self.env, self.num_envs, self.rollout_fragment_length,
+                                    self.vectorization, self.check_finite), self._cpu_policy,
+                  self.policy_id, self._weights, self._slots, free_recv, out_send, self._stop, os.getpid()),
+        )
+        process.start()
+        free_recv.close()  # the worker's ends live in the worker now
+        out_send.close()
+        self._close_conns(index)
+        self._workers[index] = process
+        self._conns[index] = (free_send, out_recv)
+        for slot, owner in enumerate(self._owner):
+            if owner == index:
+                free_send.send(slot)
+
+    def _close_conns(self, index: int) -> None:
+        if self._conns[index] is not None:
+            for conn in self._conns[index]:
+                conn.close()
+            self._conns[index] = None
+
+    # ------------------------------------------------------------ the learner's side
+    def sample(self) -> MultiAgentBatch:
+        """The next training batch from the minibatch buffer (a new one blocks until there is one)."""
+        batch, new = self.buffer.get()
+        if new:
+            return batch
+        # A batch handed out again: its env steps and episodes were counted the first time.
+        return MultiAgentBatch(batch.policy_batches, env_steps=0, info={"perf": {}, "agent_steps_sampled": 0})
+
+    def _next_batch(self) -> MultiAgentBatch:
+        if self.num_workers == 0:
+            return self._sample_here()
+        self.maybe_broadcast()
+        start = time.perf_counter()
+        deadline = time.monotonic() + self.sampler_timeout_s
+        while True:
+            if self._error is not None:
+                raise self._error
+            try:
+                batch = self._ready.get(timeout=_POLL_S)
+            except queue.Empty:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"no batch from the {self.num_workers} sampler workers within sampler_timeout_s="
+                        f"{self.sampler_timeout_s:g} s (workers alive: "
+                        f"{[p.is_alive() for p in self._workers]})"
+                    ) from None
+                continue
+            versions = batch.policy_batches[self.policy_id][POLICY_VERSION]
+            if not self._too_old(int(versions.min())):
+                break
+            self.counters["num_fragments_dropped"] += self.fragments_per_batch  # loaded before the learner moved on
+        batch.info["perf"]["learner_wait_ms"] = 1000.0 * (time.perf_counter() - start)
+        return batch
+
+    def maybe_broadcast(self) -> None:
+        """Write the learner's weights for the workers when ``broadcast_interval`` iterations passed."""
+        module = self.module
+        if module._weights_version - self._last_broadcast >= self.broadcast_interval:
+            self._weights.write(module.policies[self.policy_id], int(module.counters["num_iterations"]))
+            self._last_broadcast = module._weights_version
+
+    def _sample_here(self) -> MultiAgentBatch:
+        assert self._local is not None and self.module is not None
+        start = time.perf_counter()
+        version = int(self.module.counters["num_iterations"])
+        fragments = []
+        for _ in range(self.fragments_per_batch):
+            with torch.inference_mode():
+                rollout, valid = self._local.rollout_fragment(self.policy_id)
+            rollout = SampleBatch({k: v.clone() for k, v in rollout.items()})
+            rollout[VALID] = valid.clone()
+            rollout[BOOTSTRAP_OBS] = torch.tensor(self._local._obs)
+            fragments.append((rollout, version))
+        info = self._local.episode_info()
+        info["sample_time_s"] = time.perf_counter() - start
+        return self._assemble(fragments, info, {"learner_wait_ms": 1000.0 * info["sample_time_s"]})
+
+    def _assemble(self, fragments: list[tuple[dict[str, torch.Tensor], int]], info: dict[str, Any],
+                  perf: dict[str, float]) -> MultiAgentBatch:
+        """Fragments side by side along the env axis: ``[T, B]`` columns."""
+        cols = {}
+        for key in fragments[0][0]:
+            dim = 0 if key == BOOTSTRAP_OBS else 1
+            cols[key] = torch.cat([f[key] for f, _ in fragments], dim=dim)
+        versions = [torch.full((self.num_envs,), v, dtype=torch.int64) for _, v in fragments]
+        cols[POLICY_VERSION] = torch.cat(versions)
+        batch = SampleBatch(cols)  # time-major: [T, B] columns, and [B] ones (bootstrap_obs, policy_version)
+        info["perf"] = perf
+        info["agent_steps_sampled"] = self.train_batch_size
+        return MultiAgentBatch({self.policy_id: batch}, env_steps=self.train_batch_size, info=info)
+
+    def _load_loop(self) -> None:
+        """The loader thread: fragments -> batches, worker deaths -> errors or restarts."""
+        try:
+            waiting: list[tuple[dict[str, torch.Tensor], int]] = []  # the learner queue
+            returns: list[float] = []
+            lengths: list[int] = []
+            sample_s, load_wait = 0.0, 0.0
+            per_worker_steps = [0] * self.num_workers
+            started = time.perf_counter()
+            while not self._closing.is_set():
+                self._check_workers()
+                receivers = {c[1]: i for i, c in enumerate(self._conns) if c is not None}
+                wait_start = time.perf_counter()
+                readable = multiprocessing.connection.wait(list(receivers), timeout=_POLL_S)
+                load_wait += time.perf_counter() - wait_start
+                for conn in readable:
+                    try:
+                        while conn.poll():
+                            message = conn.recv()
+                            fragment = self._receive(message)
+                            if fragment is None:
+                                continue
+                            index, version, seconds, episodes = fragment[1:]
+                            returns += episodes["episode_returns"]
+                            lengths += episodes["episode_lengths"]
+                            sample_s += seconds
+                            per_worker_steps[index] += self.num_envs * self.rollout_fragment_length
+                            if self._too_old(version):
+                                self.counters["num_fragments_dropped"] += 1
+                            else:
+                                waiting.append((fragment[0], version))
+                    except (EOFError, OSError):  # the worker died: _check_workers names it
+                        continue
+                while len(waiting) >= self.fragments_per_batch and not self._closing.is_set():
+                    elapsed = max(time.perf_counter() - started, 1e-9)
+                    fragments, waiting = waiting[: self.fragments_per_batch], waiting[self.fragments_per_batch:]
+                    perf = {
+                        "learner_queue_size": float(len(waiting)),
+                        "load_wait_ms": 1000.0 * load_wait,
+                        **{f"worker_{i}_env_steps_per_s": n / elapsed for i, n in enumerate(per_worker_steps)},
+                        "num_worker_restarts": float(self.counters["num_worker_restarts"]),
+                        "num_fragments_dropped": float(self.counters["num_fragments_dropped"]),
+                    }
+                    info = {"episode_returns": returns, "episode_lengths": lengths, "sample_time_s": sample_s}
+                    batch = self._assemble(fragments, info, perf)
+                    if self.module.device.type == "cuda":
+                        batch = batch.to(self.module.device)
+                    returns, lengths, sample_s, load_wait = [], [], 0.0, 0.0
+                    self._hand_over(batch)
+        except BaseException as err:  # handed to the learner's next pull
+            self._error = err
+
+    def _receive(self, message: tuple) -> tuple | None:
+        """A worker's message: a fragment (copied out, its slot handed back) or its error."""
+        if message[0] == "error":
+            _, index, trace = message
+            raise RuntimeError(
+                f"sampler worker {index} (pid {self._workers[index].pid}) failed:\n\n"
+                f"Traceback in the worker process:\n{trace}"
+            )
+        _, index, slot, version, seconds, episodes = message
+        fragment = {k: v.clone() for k, v in self._slots[slot].items()}
+        try:
+            self._conns[index][0].send(slot)
+        except (OSError, TypeError):  # that worker just died (or was replaced): the slot is its successor's
+            pass
+        return fragment, index, version, seconds, episodes
+
+    def _too_old(self, version: int) -> bool:
+        lag = int(self.module.counters["num_iterations"]) - version
+        return self.max_policy_lag is not None and lag > self.max_policy_lag
+
+    def _hand_over(self, batch: MultiAgentBatch) -> None:
+        while not self._closing.is_set():
+            try:
+                self._ready.put(batch, timeout=_POLL_S)
+                return
+            except queue.Full:
+                self._check_workers()
+
+    def _check_workers(self) -> None:
+        for i, process in enumerate(self._workers):
+            code = process.exitcode
+            if code is None or self._closing.is_set():
+                continue
+            if not self.restart_failed_workers:
+                raise RuntimeError(f"sampler worker {i} (pid {process.pid}) died: {describe_exit_code(code)}")
+            self._restarts[i] += 1
+            self.counters["num_worker_restarts"] += 1
+            self._spawn(i)
+
+    # ------------------------------------------------------------ shutdown
+    def close(self, terminate: bool = False) -> None:
+        """Stop the loader thread and every worker (SIGTERM, then SIGKILL); idempotent."""
+        self._closing.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+            self._thread = None
+        if self._workers:
+            self._stop.set()
+            stop_processes([p for p in self._workers if p is not None], timeout=0.5 if terminate else 2.0)
+            for i in range(len(self._conns)):
+                self._close_conns(i)
+            self._workers = []
+        if self._local is not None:
+            self._local.close(terminate)
+            self._local = None
+        self.envs = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"counters": dict(self.counters)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.counters.update(state.get("counters", {}))
+
+
+def _cpu_copy(policy: nn.Module) -> nn.Module:
+    return copy.deepcopy(policy).cpu().eval()
+
+
+def _new_sampler(env: EnvSpec, num_envs: int, rollout_fragment_length: int, vectorization: str,
+                 check_finite: bool, seed: int | None) -> RolloutDataModule:
+    """A fragment sampler (a worker's, or the learner's own with ``num_workers=0``)."""
+    return RolloutDataModule(env, num_envs, rollout_fragment_length, vectorization, seed, 1, "cpu", check_finite)
