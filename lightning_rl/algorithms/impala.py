@@ -116,39 +116,54 @@ class IMPALA(RLModule):
         scalars: dict[str, Any] | None = None,
     ) -> tuple[Tensor, dict[str, Any]]:
         """The IMPALA loss on one time-major batch (``[T, B]`` columns and ``bootstrap_obs [B]``)."""
-        actions = batch[SampleBatch.ACTIONS]
-        T, B = actions.shape[:2]
-        # One forward over every observation and the bootstrap ones; their actions are dummies.
-        obs = torch.cat([batch[SampleBatch.OBS].flatten(0, 1), batch[BOOTSTRAP_OBS]])
-        dist, values_all = call(self.policies[policy_id], params, obs)
-        n = T * B
-        logp = dist.log_prob(torch.cat([actions.flatten(0, 1), actions[0]]))[:n].reshape(T, B)
-        values, bootstrap_value = values_all[:n].reshape(T, B), values_all[n:]
-
-        vs, pg_advantages = vtrace(
-            batch[SampleBatch.ACTION_LOGP], logp.detach(), batch[SampleBatch.REWARDS], values.detach(),
-            bootstrap_value.detach(), batch[SampleBatch.TERMINATEDS], batch[SampleBatch.TRUNCATEDS],
-            self.gamma, self.clip_rho, self.clip_pg_rho,
-        )
-        mask = batch[VALID].flatten().to(values.dtype)  # reset rows of next-step autoreset count 0
+        dist, logp, values, bootstrap_value, mask = self.time_major_forward(policy_id, batch, params)
+        vs, pg_advantages = self.vtrace_targets(batch, logp, values, bootstrap_value)
 
         pg_loss = -masked_mean((logp * pg_advantages).flatten(), mask)
         vf_loss = 0.5 * masked_mean((values - vs).pow(2).flatten(), mask)
-        entropy = masked_mean(dist.entropy()[:n], mask)
+        entropy = masked_mean(dist.entropy()[: mask.numel()], mask)
         total_loss = pg_loss + self.vf_loss_coeff * vf_loss - self.entropy_coeff * entropy
+        return total_loss, self.loss_stats(batch, mask, logp, values, vs, total_loss=total_loss, pg_loss=pg_loss,
+                                           vf_loss=vf_loss, entropy=entropy)
 
-        with torch.no_grad():
-            rho = torch.exp(logp - batch[SampleBatch.ACTION_LOGP]).flatten()
-            stats = {
-                "total_loss": total_loss.detach(),
-                "pg_loss": pg_loss.detach(),
-                "vf_loss": vf_loss.detach(),
-                "entropy": entropy.detach(),
-                "vf_explained_var": explained_variance(values.flatten(), vs.flatten(), mask),
-                "mean_rho": masked_mean(rho, mask),
-                "max_rho": (rho * mask).max(),
-            }
-        return total_loss, stats
+    def time_major_forward(
+        self, policy_id: str, batch: SampleBatch, params: dict[str, Tensor] | None
+    ) -> tuple[Any, Tensor, Tensor, Tensor, Tensor]:
+        """One forward over every ``[T, B]`` observation and the ``[B]`` bootstrap ones: the action
+        distribution (over all ``T * B + B`` rows), ``logp [T, B]`` of the taken actions, ``values
+        [T, B]``, ``bootstrap_value [B]`` and the ``[T * B]`` 0/1 mask of real (non-reset) rows."""
+        actions = batch[SampleBatch.ACTIONS]
+        T, B = actions.shape[:2]
+        n = T * B
+        obs = torch.cat([batch[SampleBatch.OBS].flatten(0, 1), batch[BOOTSTRAP_OBS]])
+        dist, values_all = call(self.policies[policy_id], params, obs)
+        # the bootstrap rows' actions are dummies (their log-probs are cut off)
+        logp = dist.log_prob(torch.cat([actions.flatten(0, 1), actions[0]]))[:n].reshape(T, B)
+        mask = batch[VALID].flatten().to(values_all.dtype)  # reset rows of next-step autoreset count 0
+        return dist, logp, values_all[:n].reshape(T, B), values_all[n:], mask
+
+    def vtrace_targets(
+        self, batch: SampleBatch, target_logp: Tensor, values: Tensor, bootstrap_value: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """V-trace ``(vs, pg_advantages)`` from the batch's behaviour policy to ``target_logp``
+        (targets: no gradient flows through them)."""
+        return vtrace(
+            batch[SampleBatch.ACTION_LOGP], target_logp.detach(), batch[SampleBatch.REWARDS], values.detach(),
+            bootstrap_value.detach(), batch[SampleBatch.TERMINATEDS], batch[SampleBatch.TRUNCATEDS],
+            self.gamma, self.clip_rho, self.clip_pg_rho,
+        )
+
+    @torch.no_grad()
+    def loss_stats(self, batch: SampleBatch, mask: Tensor, logp: Tensor, values: Tensor, vs: Tensor,
+                   **terms: Tensor) -> dict[str, Tensor]:
+        """The loss terms, value-function fit and behaviour-to-current ratios, detached."""
+        rho = torch.exp(logp - batch[SampleBatch.ACTION_LOGP]).flatten()
+        return {
+            **{name: term.detach() for name, term in terms.items()},
+            "vf_explained_var": explained_variance(values.flatten(), vs.flatten(), mask),
+            "mean_rho": masked_mean(rho, mask),
+            "max_rho": (rho * mask).max(),
+        }
 
     def learn_on_batch(self, batch: MultiAgentBatch, builder: LearnerInfoBuilder) -> int:
         trained = 0

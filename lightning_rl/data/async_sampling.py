@@ -260,6 +260,7 @@ class AsyncSamplingDataModule(EnvDataModule):
         self.buffer = MinibatchBuffer(self._next_batch, minibatch_buffer_size, num_sgd_iter)
         self.counters = {"num_worker_restarts": 0, "num_fragments_dropped": 0}
         self._local: RolloutDataModule | None = None
+        self._active = False
         self._workers: list[Any] = []
         self._thread: threading.Thread | None = None
         self._ready: queue.Queue = queue.Queue(maxsize=1)
@@ -273,18 +274,24 @@ class AsyncSamplingDataModule(EnvDataModule):
 
     def _worker_seed(self, index: int, restarts: int = 0) -> int | None:
         # Worker i's envs get seeds rank_seed + i * num_envs + j: disjoint from every other worker's.
+        # A resumed run offsets them by the env steps it had sampled: fresh episodes, new seeds.
         base = rank_seed(self.seed, self.rank)
-        return None if base is None else base + (index + restarts * self.num_workers) * self.num_envs
+        if base is None:
+            return None
+        resumed_at = int(self.module.counters["num_env_steps_sampled"]) if self.num_workers else 0
+        return base + (index + restarts * self.num_workers) * self.num_envs + resumed_at
 
     def setup(self, stage: str) -> None:
         if self.module is None and self.trainer is not None:
             self.connect(self.trainer.lightning_module)
         if self.module is None:
             raise RuntimeError(f"{type(self).__name__} needs a module: call connect(module) or use it with a Trainer")
-        if self._local is not None or self._workers:
+        if self._active:
             return
+        self._active = True
         self.rank = self.trainer.global_rank if self.trainer is not None else 0
         self._local = self._sampler(self._worker_seed(0))
+        self._local.trainer = self.trainer  # its rank, and its checkpoint state gathered over ranks
         self._local.connect(self.module)
         if self.num_workers == 0:
             self._local.setup(stage)
@@ -529,15 +536,20 @@ class AsyncSamplingDataModule(EnvDataModule):
                 self._close_conns(i)
             self._workers = []
         if self._local is not None:
-            self._local.close(terminate)
-            self._local = None
+            self._local.close(terminate)  # keeps what a checkpoint saved after fit must hold
         self.envs = None
+        self._active = False
 
     def state_dict(self) -> dict[str, Any]:
-        return {"counters": dict(self.counters)}
+        """The fault counters and, with ``num_workers=0``, the learner process's own sampler
+        (envs, RNG: exact resume). Workers' envs live in other processes and are not saved."""
+        local = self._local.state_dict() if self.num_workers == 0 and self._local is not None else None
+        return {"counters": dict(self.counters), "local": local}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.counters.update(state.get("counters", {}))
+        if state.get("local") and self._local is not None and self.num_workers == 0:
+            self._local.load_state_dict(state["local"])
 
 
 def _cpu_copy(policy: nn.Module) -> nn.Module:
