@@ -177,7 +177,8 @@ def test_a_killed_worker_is_named_with_its_exit_code():
         dm.sample()
         victim = dm._workers[1]
         os.kill(victim.pid, signal.SIGKILL)
-        with pytest.raises(RuntimeError, match=r"sampler worker 1 \(pid \d+\) died: exit code -9 \(killed by SIGKILL\)"):
+        died = r"sampler worker 1 \(pid \d+\) died: exit code -9 \(killed by SIGKILL\)"
+        with pytest.raises(RuntimeError, match=died):
             for _ in range(50):
                 dm.sample()
     finally:

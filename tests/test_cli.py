@@ -18,6 +18,8 @@ SHORT = {  # a few iterations of each config
     "ppo_pendulum": ["--model.init_args.total_env_steps", "4096", "--model.init_args.rollout_fragment_length", "512"],
     "a2c_cartpole": ["--model.init_args.total_env_steps", "400", "--model.init_args.iterations_per_epoch", "5"],
     "dqn_cartpole": ["--model.init_args.total_env_steps", "1024", "--model.init_args.iterations_per_epoch", "4"],
+    "impala_cartpole": ["--model.init_args.total_env_steps", "2000", "--model.init_args.iterations_per_epoch", "2"],
+    "appo_cartpole": ["--model.init_args.total_env_steps", "2000", "--model.init_args.iterations_per_epoch", "2"],
     "sac_pendulum": ["--model.init_args.total_env_steps", "300", "--model.init_args.iterations_per_epoch", "150",
                      "--model.init_args.evaluation_num_episodes", "2"],
 }

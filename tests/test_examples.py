@@ -21,7 +21,8 @@ def load(name: str):
 
 @pytest.mark.parametrize(
     ("name", "steps"),
-    [("ppo_cartpole", 2048), ("ppo_pendulum", 8192), ("dqn_cartpole", 2048), ("sac_pendulum", 600)],
+    [("ppo_cartpole", 2048), ("ppo_pendulum", 8192), ("dqn_cartpole", 2048), ("sac_pendulum", 600),
+     ("impala_cartpole", 4000)],
 )
 def test_example_runs_and_logs(name, steps, tmp_path):
     result = load(name).main(["--total-env-steps", str(steps), "--log-dir", str(tmp_path)])
