@@ -5,7 +5,8 @@
 MODE ``check``: a few iterations of PPO CartPole (with an adaptive KL coefficient);
 ``learn``: the 100k-step learning run; ``uneven``: an env whose episodes end on rank 0 only;
 ``dqn``, ``dqn_uneven`` (the configuration where "enough data" used to differ between ranks),
-``sac``, ``a2c``: the other algorithms; ``resume-ALGO-PHASE`` (ALGO ``ppo``/``dqn``, PHASE
+``sac``, ``a2c``, ``impala``, ``appo``: the other algorithms (the async ones with a sampler
+worker per rank); ``resume-ALGO-PHASE`` (ALGO ``ppo``/``dqn``, PHASE
 ``full``: 8192 global env steps, ``first``: the first 4096 then a checkpoint in OUT_DIR,
 ``second``: resume from that checkpoint to 8192).
 """
@@ -26,7 +27,7 @@ import torch
 from pytorch_lightning.loggers import CSVLogger
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from lightning_rl import A2C, DQN, PPO, SAC
+from lightning_rl import A2C, APPO, DQN, IMPALA, PPO, SAC
 
 logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
 warnings.filterwarnings("ignore")
@@ -76,7 +77,8 @@ class Recorder(pl.Callback):
             self.first_obs = batch.replay.buffer._obs[:4].reshape(-1).tolist()
         stats = outputs["learner_info"].get("default_policy", {}).get("learner_stats", {})
         self.learner_stats.append({k: v for k, v in stats.items() if isinstance(v, float)})
-        self.kl_coeff = dict(getattr(pl_module, "kl_coeff", {}))
+        kl_coeff = getattr(pl_module, "kl_coeff", {})  # PPO's adapts per policy; APPO's is a constant
+        self.kl_coeff = dict(kl_coeff) if isinstance(kl_coeff, dict) else kl_coeff
 
 
 RESUME = {
@@ -111,6 +113,10 @@ def main(out: Path, mode: str) -> None:
                     total_env_steps=2 * 48, prioritized_replay=True, **common)
     elif mode == "a2c":
         model = A2C(env="CartPole-v1", num_envs=4, total_env_steps=2 * 4 * 5 * 6, **common)
+    elif mode in ("impala", "appo"):  # each rank forks its own sampler worker
+        model = {"impala": IMPALA, "appo": APPO}[mode](
+            env="CartPole-v1", num_workers=1, num_envs=2, rollout_fragment_length=10, train_batch_size=40,
+            hiddens=(16,), total_env_steps=2 * 40 * 6, sampler_timeout_s=60.0, **common)
     elif mode == "uneven":
         model = PPO(env=RankEnv, num_envs=2, rollout_fragment_length=8, sgd_minibatch_size=8,
                     total_env_steps=4 * 32, vectorization="sync", **common)
@@ -138,7 +144,8 @@ def main(out: Path, mode: str) -> None:
         trainer.save_checkpoint(out / "half.ckpt")  # every rank takes part: each one's sampler state is gathered
     params = torch.cat([p.detach().flatten() for p in model.parameters()])
     dm_state = model.default_datamodule.state_dict()  # kept at teardown, gathered over ranks
-    last_obs = dm_state["ranks"][trainer.global_rank]["obs"].tolist() if trainer.global_rank == 0 else None
+    ranks = dm_state.get("ranks") or []  # async sampling keeps no env state of its workers
+    last_obs = ranks[trainer.global_rank]["obs"].tolist() if trainer.global_rank == 0 and ranks else None
     (out / f"rank{trainer.global_rank}.json").write_text(json.dumps({
         "buffer_obs": recorder.buffer_obs,
         "affinity_before": affinity_before,
@@ -147,7 +154,7 @@ def main(out: Path, mode: str) -> None:
         "params": params.tolist(),
         "first_obs": recorder.first_obs,
         "last_obs_rank0": last_obs,
-        "last_obs_all": [r["obs"].tolist() for r in dm_state["ranks"]] if dm_state["ranks"] else None,
+        "last_obs_all": [r["obs"].tolist() for r in ranks] if ranks else None,
         "counters": model.counters,
         "global_counters": model.global_counters,
         "learner_stats": recorder.learner_stats,

@@ -257,7 +257,7 @@ class AsyncSamplingDataModule(EnvDataModule):
         self.sampler_timeout_s = sampler_timeout_s
         self.restart_failed_workers = restart_failed_workers
         self.policy_id = policy_id
-        self.buffer = MinibatchBuffer(self._next_batch, minibatch_buffer_size, num_sgd_iter)
+        self.minibatch_buffer = MinibatchBuffer(self._next_batch, minibatch_buffer_size, num_sgd_iter)
         self.counters = {"num_worker_restarts": 0, "num_fragments_dropped": 0}
         self._local: RolloutDataModule | None = None
         self._active = False
@@ -362,7 +362,7 @@ class AsyncSamplingDataModule(EnvDataModule):
     # ------------------------------------------------------------ the learner's side
     def sample(self) -> MultiAgentBatch:
         """The next training batch from the minibatch buffer (a new one blocks until there is one)."""
-        batch, new = self.buffer.get()
+        batch, new = self.minibatch_buffer.get()
         if new:
             return batch
         # A batch handed out again: its env steps and episodes were counted the first time.
