@@ -68,9 +68,9 @@ class RolloutMetricsCallback(pl.Callback):
         self._sample_s += info.get("sample_time_s", 0.0)
         self._learn_s += outputs.get("learn_time_s", 0.0) if outputs else 0.0
         self._iterations += 1
-        for key, value in info.get("perf", {}).items():  # sampler figures (async sampling), averaged
+        for key, value in info.get("perf", {}).items():  # sampler figures (async sampling): mean, or max
             total, count = self._perf.get(key, (0.0, 0))
-            self._perf[key] = (total + value, count + 1)
+            self._perf[key] = (max(total, value), 1) if key.endswith("_max") else (total + value, count + 1)
         if not should_log(trainer, batch_idx):
             return
         metrics: dict[str, float] = {}

@@ -363,10 +363,13 @@ class AsyncSamplingDataModule(EnvDataModule):
     def sample(self) -> MultiAgentBatch:
         """The next training batch from the minibatch buffer (a new one blocks until there is one)."""
         batch, new = self.minibatch_buffer.get()
-        if new:
-            return batch
-        # A batch handed out again: its env steps and episodes were counted the first time.
-        return MultiAgentBatch(batch.policy_batches, env_steps=0, info={"perf": {}, "agent_steps_sampled": 0})
+        if not new:  # handed out again: its env steps and episodes were counted the first time
+            batch = MultiAgentBatch(batch.policy_batches, env_steps=0, info={"perf": {}, "agent_steps_sampled": 0})
+        # Policy lag: learner iterations since the weights that sampled each fragment.
+        lag = int(self.module.counters["num_iterations"]) - batch.policy_batches[self.policy_id][POLICY_VERSION]
+        batch.info["perf"] = {**batch.info["perf"], "policy_lag_mean": float(lag.float().mean()),
+                              "policy_lag_max": float(lag.max())}
+        return batch
 
     def _next_batch(self) -> MultiAgentBatch:
         if self.num_workers == 0:
