@@ -10,7 +10,8 @@ from /proc that none outlives the script), ``ITERATION n`` after each training i
 ``sigint`` / ``learner_sigkill``: a budget it never reaches; the test interrupts (SIGINT) or
     SIGKILLs this process once it prints a few iterations.
 ``env_raises``: the env copy seeded with ``SNAP_SEED`` (sampler worker 1's second env) raises
-    ``ValueError(SNAP_MESSAGE)`` at its ``SNAP_AT``-th step.
+    ``ValueError(SNAP_MESSAGE)`` at its ``SNAP_AT``-th step (its 20th fragment: the run is in its
+    steady state by then), a step that takes ``SNAP_DELAY_S`` like a slow simulator's.
 ``training_raises``: a callback raises ``RuntimeError(TRAINING_MESSAGE)`` in the learner at
     iteration ``FAULT_AT``.
 ``sampler_sigkill``: with ``restart_failed_workers=True``, SIGKILLs sampler worker 1 at
@@ -34,7 +35,7 @@ import gymnasium as gym
 import pytorch_lightning as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from lightning_rl import IMPALA  # noqa: E402
+from lightning_rl import IMPALA
 
 logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
 logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
@@ -46,9 +47,9 @@ OK_ITERATIONS = 6
 RESTART_ITERATIONS = 30
 ENDLESS_ITERATIONS = 100_000  # a budget the interrupted / failing modes never reach
 FAULT_AT = 3
-PACE_S = 0.02
+PACE_S = 0.1
 # Worker i of a run seeded 0 seeds its 2 envs with 2 * i + j: seed 3 is worker 1's env 1.
-SNAP_SEED, SNAP_AT = 3, 25
+SNAP_SEED, SNAP_AT, SNAP_DELAY_S = 3, 195, 0.25
 SNAP_MESSAGE = f"SnappingCartPole: the pole snapped at step {SNAP_AT}"
 TRAINING_MESSAGE = f"the learner broke at iteration {FAULT_AT}"
 
@@ -74,6 +75,7 @@ class SnappingCartPole(gym.Env):
         return self.env.step(action)
 
     def snap(self) -> None:  # a named frame the worker's traceback must show
+        time.sleep(SNAP_DELAY_S)
         raise ValueError(SNAP_MESSAGE)
 
 

@@ -502,6 +502,19 @@ class AsyncSamplingDataModule(EnvDataModule):
             pass
         return fragment, index, version, seconds, episodes
 
+    def _raise_sent_error(self, index: int) -> None:
+        """Raise the error a dead worker sent before it exited, if any (the rest of what it sent is dropped)."""
+        if self._conns[index] is None:
+            return
+        receiver = self._conns[index][1]
+        try:
+            while receiver.poll():
+                message = receiver.recv()
+                if message[0] == "error":
+                    self._receive(message)
+        except (EOFError, OSError):
+            pass
+
     def _too_old(self, version: int) -> bool:
         lag = int(self.module.counters["num_iterations"]) - version
         return self.max_policy_lag is not None and lag > self.max_policy_lag
@@ -519,6 +532,7 @@ class AsyncSamplingDataModule(EnvDataModule):
             code = process.exitcode
             if code is None or self._closing.is_set():
                 continue
+            self._raise_sent_error(i)  # an env error it sent before exiting names the env, not "died"
             if not self.restart_failed_workers:
                 raise RuntimeError(f"sampler worker {i} (pid {process.pid}) died: {describe_exit_code(code)}")
             self._restarts[i] += 1
