@@ -42,6 +42,7 @@ def loss_terms(model: IMPALA, batch) -> dict[str, float]:
     ("vf_loss_coeff", 2.0, ["total_loss"], ["pg_loss", "vf_loss"]),
     ("entropy_coeff", 0.5, ["total_loss"], ["pg_loss", "vf_loss"]),
     ("gamma", 0.5, ["vf_loss", "pg_loss"], ["entropy"]),
+    ("lambda_", 0.5, ["vf_loss", "pg_loss"], ["entropy"]),
 ])
 def test_loss_flags_change_the_loss(algo, flag, value, changes, keeps):
     base = algo(**SMALL)
@@ -149,3 +150,27 @@ def test_policy_versions_are_the_learner_iterations():
     model.learn_on_batch = spy
     fit_iterations(model, 3)
     assert seen == [[0], [1], [2]]  # synchronous: always the current policy
+
+
+@pytest.mark.parametrize(("size", "steps"), [(None, 1), (20, 2), (10, 4)])
+def test_sgd_minibatch_size_cuts_whole_env_columns(size, steps):
+    """40-step batches of [T=10, B=4]: minibatches of whole env columns, one gradient step each."""
+    model = IMPALA(**{**SMALL, "sgd_minibatch_size": size})
+    shapes = []
+    original = model.loss
+
+    def spy(policy_id, batch, *args):
+        shapes.append(tuple(batch["actions"].shape))
+        return original(policy_id, batch, *args)
+
+    model.loss = spy
+    fit_iterations(model, 2)
+    assert model.counters["num_grad_updates"] == 2 * steps
+    assert set(shapes) == {(10, (size or 40) // 10)}
+
+
+def test_sgd_minibatch_size_must_be_whole_columns_dividing_the_batch():
+    with pytest.raises(ValueError, match="whole env columns"):
+        IMPALA(**{**SMALL, "sgd_minibatch_size": 15})
+    with pytest.raises(ValueError, match="whole env columns"):
+        IMPALA(**{**SMALL, "sgd_minibatch_size": 30})

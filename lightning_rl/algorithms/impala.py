@@ -35,8 +35,11 @@ class IMPALA(RLModule):
         num_workers, num_envs, rollout_fragment_length, train_batch_size, learner_queue_size,
         broadcast_interval, max_policy_lag, sampler_timeout_s, restart_failed_workers,
         num_sgd_iter, minibatch_buffer_size: the ``AsyncSamplingDataModule``'s.
+        sgd_minibatch_size: env steps per gradient step, whole env columns of the ``[T, B]`` batch
+            shuffled each pass (``None``: one step on the whole batch).
         vtrace_clip_rho_threshold, vtrace_clip_pg_rho_threshold: V-trace's clips of the
             importance ratio in the value targets and the policy gradient (``None``: no clip).
+        lambda_: V-trace's trace decay (1: the paper's; lower trades bias for variance, as GAE's).
 
     See ``RLModule`` and the README for the shared hyperparameters.
     """
@@ -55,6 +58,7 @@ class IMPALA(RLModule):
         restart_failed_workers: bool = False,
         num_sgd_iter: int = 1,
         minibatch_buffer_size: int = 1,
+        sgd_minibatch_size: int | None = None,
         total_env_steps: int | None = 500_000,
         iterations_per_epoch: int = 20,
         seed: int | None = None,
@@ -68,6 +72,7 @@ class IMPALA(RLModule):
         lr: float = 5e-4,
         lr_schedule: Schedule = None,
         gamma: float = 0.99,
+        lambda_: float = 1.0,
         grad_clip: float | None = 40.0,
         vf_loss_coeff: float = 0.5,
         entropy_coeff: float = 0.01,
@@ -87,6 +92,8 @@ class IMPALA(RLModule):
         check_positive(lr=lr, grad_clip=grad_clip, vtrace_clip_rho_threshold=vtrace_clip_rho_threshold,
                        vtrace_clip_pg_rho_threshold=vtrace_clip_pg_rho_threshold)
         check_gamma(gamma)
+        if not 0.0 <= lambda_ <= 1.0:
+            raise ValueError(f"lambda_ must be in [0, 1], got {lambda_}")
         self.default_datamodule = AsyncSamplingDataModule(
             env, num_workers=num_workers, num_envs=num_envs, rollout_fragment_length=rollout_fragment_length,
             train_batch_size=train_batch_size, learner_queue_size=learner_queue_size,
@@ -95,9 +102,17 @@ class IMPALA(RLModule):
             num_sgd_iter=num_sgd_iter, minibatch_buffer_size=minibatch_buffer_size, vectorization=vectorization,
             seed=seed, iterations_per_epoch=iterations_per_epoch, check_finite=check_finite,
         )
+        if sgd_minibatch_size is not None:
+            batch, T = self.default_datamodule.train_batch_size, rollout_fragment_length
+            if sgd_minibatch_size % T or batch % sgd_minibatch_size:
+                raise ValueError(
+                    f"sgd_minibatch_size ({sgd_minibatch_size}) must be a multiple of rollout_fragment_length ({T}) "
+                    f"that divides the train batch ({batch} env steps): minibatches are whole env columns"
+                )
+        self.sgd_minibatch_size = sgd_minibatch_size
         self.lr = lr
         self.lr_points = resolve_schedule("lr_schedule", lr_schedule, lr, total_env_steps)
-        self.gamma, self.grad_clip = gamma, grad_clip
+        self.gamma, self.lambda_, self.grad_clip = gamma, lambda_, grad_clip
         self.vf_loss_coeff, self.entropy_coeff = vf_loss_coeff, entropy_coeff
         self.clip_rho, self.clip_pg_rho = vtrace_clip_rho_threshold, vtrace_clip_pg_rho_threshold
         with torch.random.fork_rng():
@@ -150,7 +165,7 @@ class IMPALA(RLModule):
         return vtrace(
             batch[SampleBatch.ACTION_LOGP], target_logp.detach(), batch[SampleBatch.REWARDS], values.detach(),
             bootstrap_value.detach(), batch[SampleBatch.TERMINATEDS], batch[SampleBatch.TRUNCATEDS],
-            self.gamma, self.clip_rho, self.clip_pg_rho,
+            self.gamma, self.clip_rho, self.clip_pg_rho, self.lambda_,
         )
 
     @torch.no_grad()
@@ -175,9 +190,22 @@ class IMPALA(RLModule):
             lr = self.set_lr(self.current(self.lr_points, self.lr), optimizer)
             step = self.update_step(f"loss/{policy_id}", dict(self.policies[policy_id].named_parameters()),
                                     optimizer, policy_loss(self.loss, policy_id), self.grad_clip)
-            stats = step(policy_batch.to(self.device), {})
-            self.counters["num_grad_updates"] += 1
-            builder.add_learn_on_batch_results({LEARNER_STATS_KEY: {**stats, "cur_lr": lr}}, policy_id)
+            policy_batch = policy_batch.to(self.device)
+            for minibatch in self.env_column_minibatches(policy_batch):
+                stats = step(minibatch, {})
+                self.counters["num_grad_updates"] += 1
+                builder.add_learn_on_batch_results({LEARNER_STATS_KEY: {**stats, "cur_lr": lr}}, policy_id)
             trained += int(policy_batch[VALID].numel())
         return trained
+
+    def env_column_minibatches(self, batch: SampleBatch) -> list[SampleBatch]:
+        """The batch's env columns shuffled and cut into minibatches of ``sgd_minibatch_size`` env
+        steps (whole columns: V-trace runs along time); the whole batch without a size."""
+        B = batch[VALID].shape[1]
+        if self.sgd_minibatch_size is None:
+            return [batch]
+        columns = self.sgd_minibatch_size // batch[VALID].shape[0]
+        order = torch.randperm(B, generator=self.shuffle_generator).to(batch[VALID].device)
+        return [SampleBatch({k: v[:, cols] if v.dim() > 1 and k != BOOTSTRAP_OBS else v[cols]
+                             for k, v in batch.items()}) for cols in order.split(columns)]
 
