@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
+import pytorch_lightning as pl
 import torch
 
 from lightning_rl import DQN, SAC, ReplayDataModule, SampleBatch
@@ -184,42 +187,45 @@ def test_buffer_smaller_than_train_batch():
         ReplayDataModule("CartPole-v1", buffer_size=4, n_step=3)
 
 
+class FirstLearningIteration(pl.Callback):
+    """The DQN state before and after its first learning iteration (for the hand-written loops)."""
+
+    def __init__(self) -> None:
+        self.before: dict | None = None
+        self.after: dict | None = None
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        if batch.replay is not None and self.before is None:
+            buffer = batch.replay.buffer
+            self.before = copy.deepcopy(dict(
+                q=module.policies.state_dict(), target=module.target_q.state_dict(),
+                opt=module.optimizers().optimizer.state_dict(),
+                buffer={k: v.copy() if isinstance(v, np.ndarray) else v for k, v in buffer.state_dict().items()},
+                spaces=(buffer.observation_space, buffer.action_space)))
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if self.before is not None and self.after is None:
+            buffer = batch.replay.buffer
+            priorities = buffer.priorities(np.arange(buffer.capacity)) if batch.replay.prioritized_replay else None
+            self.after = copy.deepcopy(dict(
+                q=module.policies.state_dict(), target=module.target_q.state_dict(), priorities=priorities))
+
+
 def test_replay_loop_matches_a_hand_written_loop():
     """Per gradient step: sample (at the current beta) -> update -> priorities of exactly those rows ->
     Polyak target update, as the reference does; checked against the same steps written out by hand."""
-    import copy
-
-    import pytorch_lightning as pl
-
     from lightning_rl.data.replay_buffer import PrioritizedReplayBuffer
     from lightning_rl.functional import soft_update_
 
     kwargs = dict(prioritized_replay=True, num_gradient_steps=3, tau=0.5, target_network_update_freq=0,
                   learning_starts=64, grad_clip=0.5, prioritized_replay_beta=0.5)
-    captured = {}
-
-    class Capture(pl.Callback):
-        def on_train_batch_start(self, trainer, module, batch, batch_idx):
-            if batch.replay is not None and "before" not in captured:
-                buffer = batch.replay.buffer
-                captured["before"] = copy.deepcopy(dict(
-                    q=module.policies.state_dict(), target=module.target_q.state_dict(),
-                    opt=module.optimizers().optimizer.state_dict(),
-                    buffer={k: v.copy() if isinstance(v, np.ndarray) else v for k, v in buffer.state_dict().items()},
-                    spaces=(buffer.observation_space, buffer.action_space)))
-
-        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-            if "before" in captured and "after" not in captured:
-                captured["after"] = copy.deepcopy(dict(
-                    q=module.policies.state_dict(), target=module.target_q.state_dict(),
-                    priorities=batch.replay.buffer.priorities(np.arange(batch.replay.buffer.capacity))))
-
     model = dqn(**kwargs)
-    fit_iterations(model, 3, callbacks=[Capture()])
+    capture = FirstLearningIteration()
+    fit_iterations(model, 3, callbacks=[capture])
     assert model.counters["num_grad_updates"] == 3 * 2  # learning started with the 2nd iteration
 
     # the same gradient steps by hand, from the captured state
-    before = captured["before"]
+    before = capture.before
     by_hand = dqn(**kwargs)
     by_hand.policies.load_state_dict(before["q"])
     by_hand.target_q.load_state_dict(before["target"])
@@ -238,7 +244,7 @@ def test_replay_loop_matches_a_hand_written_loop():
         buffer.update_priorities(batch["batch_indexes"], results["td_error"])  # before the next sample
         soft_update_(list(by_hand.target_q.parameters()), params, 0.5)  # tau after every gradient step
 
-    after = captured["after"]
+    after = capture.after
     torch.testing.assert_close(by_hand.policies.state_dict(), after["q"], rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(by_hand.target_q.state_dict(), after["target"], rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(buffer.priorities(np.arange(buffer.capacity)), after["priorities"], rtol=1e-5)
@@ -248,35 +254,16 @@ def test_uniform_replay_draws_an_iterations_minibatches_at_once():
     """Uniform replay: every minibatch of an iteration comes from one draw of
     ``num_gradient_steps * train_batch_size`` rows, in order (one gather instead of one per
     gradient step); checked against the same steps written out by hand."""
-    import copy
-
-    import pytorch_lightning as pl
-
     from lightning_rl.data.replay_buffer import ReplayBuffer
 
     kwargs = dict(prioritized_replay=False, num_gradient_steps=3, target_network_update_freq=10_000,
                   learning_starts=64, grad_clip=0.5)
-    captured = {}
-
-    class Capture(pl.Callback):
-        def on_train_batch_start(self, trainer, module, batch, batch_idx):
-            if batch.replay is not None and "before" not in captured:
-                buffer = batch.replay.buffer
-                captured["before"] = copy.deepcopy(dict(
-                    q=module.policies.state_dict(), target=module.target_q.state_dict(),
-                    opt=module.optimizers().optimizer.state_dict(),
-                    buffer={k: v.copy() if isinstance(v, np.ndarray) else v for k, v in buffer.state_dict().items()},
-                    spaces=(buffer.observation_space, buffer.action_space)))
-
-        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-            if "before" in captured and "after" not in captured:
-                captured["after"] = copy.deepcopy(module.policies.state_dict())
-
     model = dqn(**kwargs)
-    fit_iterations(model, 3, callbacks=[Capture()])
+    capture = FirstLearningIteration()
+    fit_iterations(model, 3, callbacks=[capture])
     assert model.counters["num_grad_updates"] == 3 * 2
 
-    before = captured["before"]
+    before = capture.before
     by_hand = dqn(**kwargs)
     by_hand.policies.load_state_dict(before["q"])
     by_hand.target_q.load_state_dict(before["target"])
@@ -292,4 +279,4 @@ def test_uniform_replay_draws_an_iterations_minibatches_at_once():
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 0.5)
         optimizer.step()
-    torch.testing.assert_close(by_hand.policies.state_dict(), captured["after"], rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(by_hand.policies.state_dict(), capture.after["q"], rtol=1e-6, atol=1e-7)
