@@ -174,3 +174,20 @@ def test_sgd_minibatch_size_must_be_whole_columns_dividing_the_batch():
         IMPALA(**{**SMALL, "sgd_minibatch_size": 15})
     with pytest.raises(ValueError, match="whole env columns"):
         IMPALA(**{**SMALL, "sgd_minibatch_size": 30})
+
+
+@pytest.mark.parametrize("algo", [IMPALA, APPO])
+def test_a_reset_row_cannot_make_the_loss_non_finite(algo):
+    """A reset row's action was ignored by the env; whatever its log-probs, the loss stays finite
+    and equal to the loss with a harmless value there (unclipped ratios, the worst case)."""
+    model = algo(**{**SMALL, "vtrace_clip_rho_threshold": None, "vtrace_clip_pg_rho_threshold": None})
+    batch = off_policy_batch(model)
+    batch["valid"] = batch["valid"].clone()
+    batch["valid"][5, 0] = False
+    tame = loss_terms(model, batch)
+    batch["action_logp"] = batch["action_logp"].clone()
+    batch["action_logp"][5, 0] = -1e4  # ratio exp(1e4) = inf on that row
+    wild = loss_terms(model, batch)
+    assert np.isfinite(list(wild.values())).all()
+    for key in ("total_loss", "pg_loss", "vf_loss"):
+        assert wild[key] == pytest.approx(tame[key], rel=1e-6), key

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from lightning_rl.algorithms.base import Schedule, check_positive
 from lightning_rl.algorithms.impala import IMPALA
 from lightning_rl.batch import SampleBatch
-from lightning_rl.data.async_sampling import BOOTSTRAP_OBS
+from lightning_rl.data.async_sampling import BOOTSTRAP_OBS, VALID
 from lightning_rl.data.envs import EnvSpec
 from lightning_rl.functional import masked_mean, ppo_surrogate_loss
 
@@ -124,7 +124,10 @@ class APPO(IMPALA):
                                                           batch[SampleBatch.ACTIONS][0]]))[:n].reshape(logp.shape)
         vs, pg_advantages = self.vtrace_targets(batch, target_logp, values, bootstrap_value)
 
-        pg_loss, ratio = ppo_surrogate_loss(logp.flatten(), target_logp.flatten(), pg_advantages.flatten(),
+        # log pi / pi_target: 0 on reset rows (the env ignored their actions), and bounded, so that
+        # neither a reset row nor a far-moved Gaussian makes the masked mean inf * 0.
+        log_ratio = torch.where(batch[VALID].flatten(), (logp - target_logp).flatten(), 0.0).clamp(-20.0, 20.0)
+        pg_loss, ratio = ppo_surrogate_loss(log_ratio, torch.zeros_like(log_ratio), pg_advantages.flatten(),
                                             self.clip_param, mask)
         vf_loss = 0.5 * masked_mean((values - vs).pow(2).flatten(), mask)
         entropy = masked_mean(dist.entropy()[:n], mask)

@@ -161,9 +161,12 @@ class IMPALA(RLModule):
         self, batch: SampleBatch, target_logp: Tensor, values: Tensor, bootstrap_value: Tensor
     ) -> tuple[Tensor, Tensor]:
         """V-trace ``(vs, pg_advantages)`` from the batch's behaviour policy to ``target_logp``
-        (targets: no gradient flows through them)."""
+        (targets: no gradient flows through them). On reset rows, whose actions the env ignored,
+        the ratio is set to 1: an unbounded one there would turn the masked loss into ``inf * 0``."""
+        target_logp = target_logp.detach()
+        behaviour_logp = torch.where(batch[VALID], batch[SampleBatch.ACTION_LOGP], target_logp)
         return vtrace(
-            batch[SampleBatch.ACTION_LOGP], target_logp.detach(), batch[SampleBatch.REWARDS], values.detach(),
+            behaviour_logp, target_logp, batch[SampleBatch.REWARDS], values.detach(),
             bootstrap_value.detach(), batch[SampleBatch.TERMINATEDS], batch[SampleBatch.TRUNCATEDS],
             self.gamma, self.clip_rho, self.clip_pg_rho, self.lambda_,
         )
@@ -172,7 +175,7 @@ class IMPALA(RLModule):
     def loss_stats(self, batch: SampleBatch, mask: Tensor, logp: Tensor, values: Tensor, vs: Tensor,
                    **terms: Tensor) -> dict[str, Tensor]:
         """The loss terms, value-function fit and behaviour-to-current ratios, detached."""
-        rho = torch.exp(logp - batch[SampleBatch.ACTION_LOGP]).flatten()
+        rho = torch.exp(torch.where(batch[VALID], logp - batch[SampleBatch.ACTION_LOGP], 0.0)).flatten()
         return {
             **{name: term.detach() for name, term in terms.items()},
             "vf_explained_var": explained_variance(values.flatten(), vs.flatten(), mask),
