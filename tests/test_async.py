@@ -128,6 +128,24 @@ def test_max_policy_lag_drops_old_fragments():
         dm.close()
 
 
+def test_a_slow_learner_bounds_the_policy_lag():
+    """Workers wait once the learner queue is full: after a long pause, fragments from the new
+    weights arrive within the few batches the queue, the slots and the ready batch hold."""
+    model = impala(learner_queue_size=2)
+    dm = started(model)
+    try:
+        dm.sample()
+        time.sleep(2.0)  # unbounded, the workers would pile up hundreds of fragments meanwhile
+        model.counters["num_iterations"] = 50
+        model._weights_version += 1
+        for waited in range(1, 11):
+            if (dm.sample().policy_batches["default_policy"][POLICY_VERSION] == 50).any():
+                break
+        assert waited <= 6
+    finally:
+        dm.close()
+
+
 def test_minibatch_buffer_hands_out_each_batch_exactly_num_passes_times():
     made = iter(range(100))
     buffer = MinibatchBuffer(lambda: next(made), size=2, num_passes=3)

@@ -443,6 +443,9 @@ class AsyncSamplingDataModule(EnvDataModule):
             sample_s, load_wait = 0.0, 0.0
             per_worker_steps = [0] * self.num_workers
             started = time.perf_counter()
+            # The learner queue holds at most this many fragments; beyond it messages stay in the
+            # pipes and their slots with the workers, which then wait: the policy lag stays bounded.
+            capacity = max(self.learner_queue_size, self.fragments_per_batch)
             while not self._closing.is_set():
                 self._check_workers()
                 receivers = {c[1]: i for i, c in enumerate(self._conns) if c is not None}
@@ -451,7 +454,7 @@ class AsyncSamplingDataModule(EnvDataModule):
                 load_wait += time.perf_counter() - wait_start
                 for conn in readable:
                     try:
-                        while conn.poll():
+                        while len(waiting) < capacity and conn.poll():
                             message = conn.recv()
                             fragment = self._receive(message)
                             if fragment is None:
