@@ -23,7 +23,8 @@ logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
 # nothing left to do. (A worker takes its next file as soon as at most 2 of its tests are left: the
 # worker that starts SAC's single test takes DQN's file at once, the other one test_ddp.py after two
 # of the on-policy learning tests.)
-LONGEST_FILES = ("test_learning_sac.py", "test_learning.py", "test_learning_dqn.py", "test_ddp.py", "test_cli.py")
+LONGEST_FILES = ("test_learning_sac.py", "test_learning.py", "test_learning_dqn.py", "test_ddp.py", "test_cli.py",
+                 "test_async_faults.py", "test_impala_appo.py")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -238,3 +238,37 @@ def test_impala_learns_cartpole_synchronously():
     quiet_trainer(max_epochs=-1).fit(model)
     assert model.counters["num_env_steps_sampled"] == 150_000
     assert np.mean(evaluate(model, num_episodes=10, seed=5)) > 200
+
+
+def test_broadcast_interval_spaces_the_weight_broadcasts():
+    model = impala(broadcast_interval=3)
+    dm = started(model)
+    try:
+        dm.sample()
+        for iteration in (1, 2):
+            model._weights_version, model.counters["num_iterations"] = iteration, iteration
+            dm.sample()
+            assert int(dm._weights.seq[1]) == 0  # not yet: 3 iterations between broadcasts
+        model._weights_version, model.counters["num_iterations"] = 3, 3
+        dm.sample()
+        assert int(dm._weights.seq[1]) == 3
+    finally:
+        dm.close()
+
+
+class HangsInWorker(FailsInWorker):
+    def step(self, action):
+        time.sleep(30)  # a stuck simulator
+        return super().step(action)
+
+
+def test_no_data_within_sampler_timeout_s_is_an_error_not_a_hang():
+    model = impala(env=HangsInWorker, vectorization="sync", sampler_timeout_s=1.0)
+    dm = started(model)
+    start = time.monotonic()
+    try:
+        with pytest.raises(RuntimeError, match=r"no batch from the 2 sampler workers within sampler_timeout_s=1 s"):
+            dm.sample()
+        assert time.monotonic() - start < 10
+    finally:
+        dm.close(terminate=True)
