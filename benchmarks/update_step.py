@@ -36,6 +36,7 @@ import torch
 from lightning_rl import A2C, DQN, PPO, SAC
 from lightning_rl.batch import DEFAULT_POLICY_ID as PID
 from lightning_rl.batch import SampleBatch
+from lightning_rl.update import policy_loss
 
 logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
 warnings.filterwarnings("ignore")
@@ -79,7 +80,7 @@ def minibatch(model: Any, algo: str, generator: torch.Generator) -> SampleBatch:
 def one_update(model: Any, algo: str, batch: SampleBatch) -> Callable[[], Any]:
     if algo in ("ppo", "a2c"):
         step = model.update_step(f"loss/{PID}", dict(model.policy.named_parameters()), model.policy_optimizer(PID),
-                                 model._loss_fn(PID), model.grad_clip)
+                                 policy_loss(model.loss, PID), model.grad_clip)
         scalars = model.loss_scalars(PID)
         return lambda: step(batch, scalars)
     return lambda: model.update(PID, batch)
