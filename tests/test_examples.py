@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ddp_subprocess_env
+from tests.test_env_faults import live_pids
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -25,7 +26,11 @@ def load(name: str):
      ("impala_cartpole", 4000)],
 )
 def test_example_runs_and_logs(name, steps, tmp_path):
+    from tests.test_async import children
+
+    before = set(children())
     result = load(name).main(["--total-env-steps", str(steps), "--log-dir", str(tmp_path)])
+    assert not live_pids([p for p in children() if p not in before], grace_s=3.0)  # IMPALA's samplers too
     low, high = (8, 500) if "cartpole" in name else (-2000, 0)  # a CartPole episode lasts >= 8 steps
     assert low <= result <= high
     assert list(tmp_path.glob(f"{name}/version_0/events.out.tfevents.*"))

@@ -10,6 +10,9 @@ import torch
 from lightning_rl import APPO, IMPALA, evaluate
 from lightning_rl.data.async_sampling import POLICY_VERSION
 from tests.conftest import fit_iterations, quiet_trainer
+from tests.test_async import no_process_left  # noqa: F401  (the fixture: no sampler process outlives a test)
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("no_process_left")]
 
 SMALL = dict(env="CartPole-v1", num_workers=0, num_envs=2, rollout_fragment_length=10, train_batch_size=40,
              seed=0, total_env_steps=None, iterations_per_epoch=4, hiddens=(16,))
