@@ -272,3 +272,18 @@ def test_no_data_within_sampler_timeout_s_is_an_error_not_a_hang():
         assert time.monotonic() - start < 10
     finally:
         dm.close(terminate=True)
+
+
+def test_broadcasts_follow_iterations_while_a_batch_is_reused():
+    """With ``num_sgd_iter`` > 1 the learner trains on a batch several iterations; the workers still
+    get the weights every ``broadcast_interval`` iterations, not only with each new batch."""
+    model = impala(num_sgd_iter=4)
+    dm = started(model)
+    try:
+        dm.sample()
+        model._weights_version, model.counters["num_iterations"] = 1, 1
+        batch = dm.sample()
+        assert batch.env_steps == 0  # the same batch again ...
+        assert int(dm._weights.seq[1]) == 1  # ... and the new weights went out
+    finally:
+        dm.close()

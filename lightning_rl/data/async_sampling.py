@@ -362,6 +362,8 @@ class AsyncSamplingDataModule(EnvDataModule):
     # ------------------------------------------------------------ the learner's side
     def sample(self) -> MultiAgentBatch:
         """The next training batch from the minibatch buffer (a new one blocks until there is one)."""
+        if self.num_workers:
+            self.maybe_broadcast()  # every iteration, reused batch or not: the workers' lag counts iterations
         batch, new = self.minibatch_buffer.get()
         if not new:  # handed out again: its env steps and episodes were counted the first time
             batch = MultiAgentBatch(batch.policy_batches, env_steps=0, info={"perf": {}, "agent_steps_sampled": 0})
@@ -374,7 +376,6 @@ class AsyncSamplingDataModule(EnvDataModule):
     def _next_batch(self) -> MultiAgentBatch:
         if self.num_workers == 0:
             return self._sample_here()
-        self.maybe_broadcast()
         start = time.perf_counter()
         deadline = time.monotonic() + self.sampler_timeout_s
         while True:
