@@ -20,6 +20,8 @@ SHORT = {  # a few iterations of each config
     "dqn_cartpole": ["--model.init_args.total_env_steps", "1024", "--model.init_args.iterations_per_epoch", "4"],
     "impala_cartpole": ["--model.init_args.total_env_steps", "2000", "--model.init_args.iterations_per_epoch", "2"],
     "appo_cartpole": ["--model.init_args.total_env_steps", "2000", "--model.init_args.iterations_per_epoch", "2"],
+    "appo_pendulum": ["--model.init_args.total_env_steps", "2048", "--model.init_args.iterations_per_epoch", "4",
+                      "--model.init_args.evaluation_num_episodes", "2"],
     "sac_pendulum": ["--model.init_args.total_env_steps", "300", "--model.init_args.iterations_per_epoch", "150",
                      "--model.init_args.evaluation_num_episodes", "2"],
 }
