@@ -206,3 +206,20 @@ def test_compiled_updates_match_eager(algo):
     for x, y in zip(eager.parameters(), compiled.parameters()):
         torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5)
     assert compiled._update_steps["loss/default_policy"].compiled  # it did not fall back to eager
+
+
+def test_minibatch_buffer_size_interleaves_the_batches():
+    """``minibatch_buffer_size=2, num_sgd_iter=2``: iterations train on batches a, b, a, b."""
+    model = IMPALA(**{**SMALL, "minibatch_buffer_size": 2, "num_sgd_iter": 2})
+    seen = []
+    original = model.learn_on_batch
+
+    def spy(batch, builder):
+        seen.append((batch.env_steps, batch.policy_batches["default_policy"]["obs"][0, 0].clone()))
+        return original(batch, builder)
+
+    model.learn_on_batch = spy
+    fit_iterations(model, 4)
+    assert [steps for steps, _ in seen] == [40, 40, 0, 0]
+    assert torch.equal(seen[0][1], seen[2][1]) and torch.equal(seen[1][1], seen[3][1])
+    assert not torch.equal(seen[0][1], seen[1][1])
