@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from lightning_rl.algorithms.base import Schedule, check_positive
 from lightning_rl.algorithms.impala import IMPALA
 from lightning_rl.batch import SampleBatch
-from lightning_rl.data.async_sampling import BOOTSTRAP_OBS, VALID
+from lightning_rl.data.async_sampling import VALID
 from lightning_rl.data.envs import EnvSpec
 from lightning_rl.functional import masked_mean, ppo_surrogate_loss
 
@@ -118,10 +118,8 @@ class APPO(IMPALA):
         dist, logp, values, bootstrap_value, mask = self.time_major_forward(policy_id, batch, params)
         n = mask.numel()
         with torch.no_grad():
-            obs = torch.cat([batch[SampleBatch.OBS].flatten(0, 1), batch[BOOTSTRAP_OBS]])
-            target_dist, _ = self.target_policies[policy_id](obs)
-            target_logp = target_dist.log_prob(torch.cat([batch[SampleBatch.ACTIONS].flatten(0, 1),
-                                                          batch[SampleBatch.ACTIONS][0]]))[:n].reshape(logp.shape)
+            target_dist, target_logp, *_ = self.time_major_forward(policy_id, batch, None,
+                                                                   self.target_policies[policy_id])
         vs, pg_advantages = self.vtrace_targets(batch, target_logp, values, bootstrap_value)
 
         # log pi / pi_target: 0 on reset rows (the env ignored their actions), and bounded, so that

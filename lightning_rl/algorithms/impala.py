@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from lightning_rl.algorithms.base import RLModule, Schedule, check_gamma, check_positive, resolve_schedule
 from lightning_rl.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
@@ -142,16 +142,18 @@ class IMPALA(RLModule):
                                            vf_loss=vf_loss, entropy=entropy)
 
     def time_major_forward(
-        self, policy_id: str, batch: SampleBatch, params: dict[str, Tensor] | None
+        self, policy_id: str, batch: SampleBatch, params: dict[str, Tensor] | None,
+        policy: nn.Module | None = None,
     ) -> tuple[Any, Tensor, Tensor, Tensor, Tensor]:
         """One forward over every ``[T, B]`` observation and the ``[B]`` bootstrap ones: the action
         distribution (over all ``T * B + B`` rows), ``logp [T, B]`` of the taken actions, ``values
-        [T, B]``, ``bootstrap_value [B]`` and the ``[T * B]`` 0/1 mask of real (non-reset) rows."""
+        [T, B]``, ``bootstrap_value [B]`` and the ``[T * B]`` 0/1 mask of real (non-reset) rows.
+        ``policy`` defaults to the learned one (APPO passes its target policy)."""
         actions = batch[SampleBatch.ACTIONS]
         T, B = actions.shape[:2]
         n = T * B
         obs = torch.cat([batch[SampleBatch.OBS].flatten(0, 1), batch[BOOTSTRAP_OBS]])
-        dist, values_all = call(self.policies[policy_id], params, obs)
+        dist, values_all = call(self.policies[policy_id] if policy is None else policy, params, obs)
         # the bootstrap rows' actions are dummies (their log-probs are cut off)
         logp = dist.log_prob(torch.cat([actions.flatten(0, 1), actions[0]]))[:n].reshape(T, B)
         mask = batch[VALID].flatten().to(values_all.dtype)  # reset rows of next-step autoreset count 0
