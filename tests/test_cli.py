@@ -11,6 +11,9 @@ import pytest
 import torch
 import yaml
 
+from tests.test_async_faults import processes_of
+from tests.test_env_faults import live_pids
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "examples" / "configs").glob("*.yaml"))
 SHORT = {  # a few iterations of each config
@@ -42,6 +45,7 @@ def test_every_config_has_a_short_form():
 def test_fit_from_config_then_validate_from_its_checkpoint(config, tmp_path):
     lightning_rl("fit", "-c", str(config), *SHORT[config.stem], "--trainer.default_root_dir", str(tmp_path),
                  "--trainer.enable_progress_bar", "false", cwd=tmp_path)
+    assert not live_pids(processes_of(tmp_path), grace_s=3.0)  # no sampler process (IMPALA/APPO) outlives it
     (version,) = (tmp_path / "lightning_logs").glob("version_*")
     (ckpt,) = version.glob("checkpoints/*.ckpt")
     assert (version / "config.yaml").is_file()
