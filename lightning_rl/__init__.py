@@ -1,6 +1,6 @@
 """lightning_rl: reinforcement learning as PyTorch Lightning modules and data modules."""
 
-from lightning_rl.algorithms import A2C, APPO, DQN, IMPALA, PPO, SAC, RLModule
+from lightning_rl.algorithms import A2C, A3C, APEX, APPO, DQN, IMPALA, PPO, SAC, RLModule
 from lightning_rl.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
 from lightning_rl.callbacks import LearnerInfoCallback, RolloutMetricsCallback
 from lightning_rl.data import AsyncSamplingDataModule, ReplayDataModule, RolloutDataModule
@@ -11,6 +11,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "A2C",
+    "A3C",
+    "APEX",
     "APPO",
     "DEFAULT_POLICY_ID",
     "DQN",

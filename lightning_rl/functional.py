@@ -55,6 +55,18 @@ def gae(
     return advantages, advantages + values
 
 
+def gae_batch(rollout: dict[str, Tensor], bootstrap_value: Tensor, valid: Tensor, gamma: float,
+              lambda_: float) -> dict[str, Tensor]:
+    """A time-major ``[T, N]`` rollout (``rewards``, ``vf_preds``, ``terminateds``, ``truncateds``
+    and the rest) with ``advantages`` and ``value_targets`` from ``gae``, flattened to ``[T * N]``
+    rows and the reset rows of next-step autoreset (``valid`` False) dropped."""
+    advantages, targets = gae(rollout["rewards"], rollout["vf_preds"], bootstrap_value, rollout["terminateds"],
+                              rollout["truncateds"], gamma, lambda_)
+    keep = valid.reshape(-1)
+    cols = {**rollout, "advantages": advantages, "value_targets": targets}
+    return {k: v.reshape(-1, *v.shape[2:])[keep] for k, v in cols.items()}
+
+
 def standardized(x: Tensor, eps: float = 1e-4, moments: Tensor | None = None) -> Tensor:
     """``(x - mean) / max(eps, std)`` over all elements of ``x`` (any shape).
 
@@ -131,6 +143,26 @@ def value_loss(
     return masked_mean(err, mask)
 
 
+def a2c_loss(
+    logp: Tensor, values: Tensor, entropy: Tensor, advantages: Tensor, value_targets: Tensor,
+    vf_loss_coeff: float, entropy_coeff: float, mask: Tensor | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The advantage actor-critic loss (Mnih et al. 2016), ``pg_loss + vf_loss_coeff * vf_loss -
+    entropy_coeff * entropy`` with ``pg_loss = -mean(logp * advantages)``; all inputs ``[N]``
+    (``entropy`` per row), averaged over ``mask``'s rows. Returns the loss and its detached
+    terms (``total_loss``, ``pg_loss``, ``vf_loss``, ``entropy``, ``vf_explained_var``)."""
+    pg_loss = -masked_mean(logp * advantages, mask)
+    vf_loss = value_loss(values, value_targets, mask=mask)
+    entropy = masked_mean(entropy, mask)
+    total_loss = pg_loss + vf_loss_coeff * vf_loss - entropy_coeff * entropy
+    with torch.no_grad():
+        stats = {
+            "total_loss": total_loss.detach(), "pg_loss": pg_loss.detach(), "vf_loss": vf_loss.detach(),
+            "entropy": entropy.detach(), "vf_explained_var": explained_variance(values, value_targets, mask),
+        }
+    return total_loss, stats
+
+
 def explained_variance(y_pred: Tensor, y_true: Tensor, mask: Tensor | None = None) -> Tensor:
     """``1 - Var[y_true - y_pred] / Var[y_true]`` of ``[N]`` arrays (over the rows of ``mask``);
     ``-1`` (clamped) when worse than a constant."""
@@ -188,6 +220,16 @@ def n_step_returns(
     discounts = torch.pow(gamma, k.to(rewards.dtype))
     terminated = (terminateds & in_window).any(dim=-1)
     return returns, discounts, terminated, k
+
+
+def double_q_target(
+    rewards: Tensor, discounts: Tensor, terminateds: Tensor, next_q_target: Tensor, next_q_select: Tensor
+) -> Tensor:
+    """The n-step Q-learning target ``R + gamma^k * (1 - terminated) * Q_target(s', argmax_a
+    Q_select(s', a))`` (van Hasselt et al. 2016 with ``Q_select`` the online network; plain DQN
+    with ``Q_select = Q_target``). ``rewards, discounts, terminateds [B]``, ``next_q_* [B, A]``."""
+    next_q = next_q_target.gather(-1, next_q_select.argmax(-1, keepdim=True)).squeeze(-1)
+    return rewards + discounts * (1.0 - terminateds.float()) * next_q
 
 
 @torch.no_grad()

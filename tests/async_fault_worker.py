@@ -1,6 +1,8 @@
-"""Run by tests/test_async_faults.py: an IMPALA fit with 2 sampler processes, where something goes wrong.
+"""Run by tests/test_async_faults.py: a fit with 2 sampler processes, where something goes wrong.
 
-    python tests/async_fault_worker.py MODE ROOT
+    python tests/async_fault_worker.py MODE ROOT [ALGO]
+
+ALGO (default IMPALA) is IMPALA, APEX or A3C: the three share the sampler workers' code.
 
 Prints ``SAMPLERS pid pid`` whenever the set of sampler processes changes (so the test can check
 from /proc that none outlives the script), ``ITERATION n`` after each training iteration and
@@ -35,7 +37,7 @@ import gymnasium as gym
 import pytorch_lightning as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from lightning_rl import IMPALA
+from lightning_rl import A3C, APEX, IMPALA
 
 logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
 logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
@@ -113,16 +115,28 @@ class Faults(pl.Callback):
         self._print_samplers(pl_module)  # a restarted worker, if it came after the last iteration
 
 
-def main(mode: str, root: str) -> None:
+def make_model(algo: str, mode: str, iterations: int) -> pl.LightningModule:
+    """Two sampler workers of 2 envs and 10-step fragments; ``iterations`` training iterations."""
+    common = dict(env=SnappingCartPole if mode == "env_raises" else "CartPole-v1", num_workers=2, num_envs=2,
+                  rollout_fragment_length=10, hiddens=(16,), seed=0, iterations_per_epoch=10,
+                  sampler_timeout_s=20.0, restart_failed_workers=mode == "sampler_sigkill")
+    if algo == "IMPALA":
+        return IMPALA(**common, train_batch_size=TRAIN_BATCH_SIZE, total_env_steps=iterations * TRAIN_BATCH_SIZE)
+    if algo == "APEX":  # one fragment per worker (40 env steps) per iteration
+        return APEX(**common, learning_starts=40, num_gradient_steps=1, train_batch_size=16,
+                    total_env_steps=iterations * 40)
+    if algo == "A3C":  # one gradient packet (20 env steps) per iteration
+        return A3C(**common, total_env_steps=iterations * 20)
+    raise SystemExit(f"ALGO must be IMPALA, APEX or A3C, got {algo!r}")
+
+
+def main(mode: str, root: str, algo: str = "IMPALA") -> None:
     # Ctrl-C must reach us even when started from a shell that ignores SIGINT in background jobs.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     if mode not in MODES:
         raise SystemExit(f"MODE must be one of {MODES}, got {mode!r}")
     iterations = {"ok": OK_ITERATIONS, "sampler_sigkill": RESTART_ITERATIONS}.get(mode, ENDLESS_ITERATIONS)
-    model = IMPALA(env=SnappingCartPole if mode == "env_raises" else "CartPole-v1", num_workers=2, num_envs=2,
-                   rollout_fragment_length=10, train_batch_size=TRAIN_BATCH_SIZE, hiddens=(16,), seed=0,
-                   total_env_steps=iterations * TRAIN_BATCH_SIZE, iterations_per_epoch=10, sampler_timeout_s=20.0,
-                   restart_failed_workers=mode == "sampler_sigkill")
+    model = make_model(algo, mode, iterations)
     trainer = pl.Trainer(default_root_dir=root, accelerator="cpu", devices=1, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                          callbacks=[Faults(mode)])
@@ -132,4 +146,4 @@ def main(mode: str, root: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(*sys.argv[1:4])

@@ -5,8 +5,8 @@
 MODE ``check``: a few iterations of PPO CartPole (with an adaptive KL coefficient);
 ``learn``: the 100k-step learning run; ``uneven``: an env whose episodes end on rank 0 only;
 ``dqn``, ``dqn_uneven`` (the configuration where "enough data" used to differ between ranks),
-``sac``, ``a2c``, ``impala``, ``appo``: the other algorithms (the async ones with a sampler
-worker per rank); ``resume-ALGO-PHASE`` (ALGO ``ppo``/``dqn``, PHASE
+``sac``, ``a2c``, ``impala``, ``appo``, ``apex``: the other algorithms (the async ones with a
+sampler worker per rank); ``resume-ALGO-PHASE`` (ALGO ``ppo``/``dqn``, PHASE
 ``full``: 8192 global env steps, ``first``: the first 4096 then a checkpoint in OUT_DIR,
 ``second``: resume from that checkpoint to 8192).
 """
@@ -27,7 +27,7 @@ import torch
 from pytorch_lightning.loggers import CSVLogger
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from lightning_rl import A2C, APPO, DQN, IMPALA, PPO, SAC
+from lightning_rl import A2C, APEX, APPO, DQN, IMPALA, PPO, SAC
 
 logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
 warnings.filterwarnings("ignore")
@@ -67,14 +67,14 @@ class Recorder(pl.Callback):
     def on_train_end(self, trainer, pl_module):
         buffer = getattr(pl_module.active_datamodule, "buffer", None)
         if buffer is not None:
-            self.buffer_obs = buffer._obs[:4].reshape(-1).tolist()
+            self.buffer_obs = buffer.state_dict()["obs"][:4].reshape(-1).tolist()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         self.affinity = affinity()
         if self.first_obs is None and "default_policy" in batch.policy_batches:
             self.first_obs = batch.policy_batches["default_policy"]["obs"][:4].tolist()
         elif self.first_obs is None and batch.replay is not None:
-            self.first_obs = batch.replay.buffer._obs[:4].reshape(-1).tolist()
+            self.first_obs = batch.replay.buffer.state_dict()["obs"][:4].reshape(-1).tolist()
         stats = outputs["learner_info"].get("default_policy", {}).get("learner_stats", {})
         self.learner_stats.append({k: v for k, v in stats.items() if isinstance(v, float)})
         kl_coeff = getattr(pl_module, "kl_coeff", {})  # PPO's adapts per policy; APPO's is a constant
@@ -117,6 +117,10 @@ def main(out: Path, mode: str) -> None:
         model = {"impala": IMPALA, "appo": APPO}[mode](
             env="CartPole-v1", num_workers=1, num_envs=2, rollout_fragment_length=10, train_batch_size=40,
             hiddens=(16,), total_env_steps=2 * 40 * 6, sampler_timeout_s=60.0, **common)
+    elif mode == "apex":  # each rank's worker inserts one 20-step fragment per iteration into its own replay
+        model = APEX(env="CartPole-v1", num_workers=1, num_envs=2, rollout_fragment_length=10, hiddens=(16,),
+                     learning_starts=40, num_gradient_steps=2, train_batch_size=16, target_network_update_freq=64,
+                     total_env_steps=2 * 20 * 8, sampler_timeout_s=60.0, **common)
     elif mode == "uneven":
         model = PPO(env=RankEnv, num_envs=2, rollout_fragment_length=8, sgd_minibatch_size=8,
                     total_env_steps=4 * 32, vectorization="sync", **common)

@@ -1,4 +1,5 @@
-"""No hang anywhere with asynchronous sampling: whole IMPALA fits (2 sampler processes) in a
+"""No hang anywhere with asynchronous sampling: whole IMPALA fits (and APEX's and A3C's, which
+share the sampler workers, for Ctrl-C, env errors and restarts) (2 sampler processes) in a
 subprocess (``tests/async_fault_worker.py MODE ROOT``) that finish, are interrupted (Ctrl-C),
 lose their learner (SIGKILL), fail in an env or in the learner, or lose a sampler. After each,
 no sampler process is alive, checked from /proc: the pids the script printed, and every
@@ -45,11 +46,11 @@ def processes_of(root: Path) -> list[int]:
 class Script:
     """``async_fault_worker.py MODE ROOT`` in a subprocess, its output read as it comes."""
 
-    def __init__(self, mode: str, root: Path, new_session: bool = False) -> None:
-        self.mode, self.root = mode, root
+    def __init__(self, mode: str, root: Path, new_session: bool = False, algo: str = "IMPALA") -> None:
+        self.mode, self.root = f"{algo} {mode}", root
         env = {**os.environ, "PYTHONPATH": str(WORKER.parents[1]), "OMP_NUM_THREADS": "1"}
         self.proc = subprocess.Popen(
-            [sys.executable, str(WORKER), mode, str(root)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            [sys.executable, str(WORKER), mode, str(root), algo], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             text=True, env=env, start_new_session=new_session,
         )
         self.out: list[str] = []
@@ -143,8 +144,8 @@ def run_script(tmp_path):
     """Starts scripts; whatever happens in the test, each is killed afterwards with what it left."""
     started: list[Script] = []
 
-    def start(mode: str, new_session: bool = False) -> Script:
-        script = Script(mode, tmp_path / mode, new_session)
+    def start(mode: str, new_session: bool = False, algo: str = "IMPALA") -> Script:
+        script = Script(mode, tmp_path / mode, new_session, algo)
         started.append(script)
         return script
 
@@ -163,12 +164,13 @@ def test_fit_ends_and_no_sampler_outlives_it(run_script):
 
 
 @pytest.mark.timeout(TEST_TIMEOUT_S)
-@pytest.mark.parametrize("target", ["learner", "process_group"])
-def test_ctrl_c_stops_the_fit_and_every_sampler(run_script, target):
+@pytest.mark.parametrize("target,algo", [("learner", "IMPALA"), ("process_group", "IMPALA"), ("learner", "APEX"),
+                                         ("learner", "A3C")])
+def test_ctrl_c_stops_the_fit_and_every_sampler(run_script, target, algo):
     """SIGINT to the learner alone (``kill -INT``), or to its whole process group as a terminal's
     Ctrl-C sends it (the samplers get it too, and leave it to the learner): Lightning's graceful
     interrupt, exit code 1, well before the budget."""
-    script = run_script("sigint", new_session=target == "process_group")
+    script = run_script("sigint", new_session=target == "process_group", algo=algo)
     script.wait_for(f"ITERATION {FAULT_AT}")
     assert len(script.sampler_pids()) == 2
     start = time.monotonic()
@@ -204,11 +206,12 @@ def test_samplers_exit_when_the_learner_is_sigkilled(run_script):
 
 
 @pytest.mark.timeout(TEST_TIMEOUT_S)
-def test_env_error_in_a_sampler_fails_the_fit_with_the_env_message(run_script):
+@pytest.mark.parametrize("algo", ["IMPALA", "APEX", "A3C"])
+def test_env_error_in_a_sampler_fails_the_fit_with_the_env_message(run_script, algo):
     """The env copy of sampler worker 1 raises (after a slow step) while the paced learner trains:
     the fit fails with a RuntimeError that names that worker and carries the env's own error and
     traceback, and stops every sampler."""
-    script = run_script("env_raises")
+    script = run_script("env_raises", algo=algo)
     code = script.wait()
     check_no_sampler_left(script)
     pids = script.sampler_pids()
@@ -234,11 +237,12 @@ def test_learner_exception_fails_the_fit_and_stops_every_sampler(run_script):
 
 
 @pytest.mark.timeout(TEST_TIMEOUT_S)
-def test_sigkilled_sampler_is_restarted_and_the_fit_finishes(run_script):
+@pytest.mark.parametrize("algo", ["IMPALA", "APEX", "A3C"])
+def test_sigkilled_sampler_is_restarted_and_the_fit_finishes(run_script, algo):
     """``restart_failed_workers=True``: the script SIGKILLs sampler worker 1 at iteration 3; a new
     worker 1 takes its place, the fit finishes its 30 iterations, and no sampler (old or new) is
     left afterwards."""
-    script = run_script("sampler_sigkill")
+    script = run_script("sampler_sigkill", algo=algo)
     code = script.wait()
     assert code == 0, script.stderr[-3000:]
     assert "FINISHED 30 RESTARTS 1" in script.stdout, script.stdout[-2000:]

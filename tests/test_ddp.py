@@ -128,7 +128,7 @@ def test_off_policy_ranks_start_learning_together(tmp_path):
     assert r0["counters"]["num_grad_updates"] == r1["counters"]["num_grad_updates"] > 0
 
 
-@pytest.mark.parametrize("mode", ["sac", "a2c", "impala", "appo"])
+@pytest.mark.parametrize("mode", ["sac", "a2c", "impala", "appo", "apex"])
 def test_algorithm_runs_under_plain_ddp(tmp_path, mode):
     r0, r1, _ = run_ddp(tmp_path, mode, timeout=300)
     assert r0["params"] == r1["params"]  # every optimizer step averaged its own gradients over the ranks

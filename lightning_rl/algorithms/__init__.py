@@ -1,4 +1,6 @@
 from lightning_rl.algorithms.a2c import A2C
+from lightning_rl.algorithms.a3c import A3C
+from lightning_rl.algorithms.apex import APEX
 from lightning_rl.algorithms.appo import APPO
 from lightning_rl.algorithms.base import RLModule
 from lightning_rl.algorithms.dqn import DQN
@@ -8,4 +10,4 @@ from lightning_rl.algorithms.on_policy import OnPolicyModule
 from lightning_rl.algorithms.ppo import PPO
 from lightning_rl.algorithms.sac import SAC
 
-__all__ = ["A2C", "APPO", "DQN", "IMPALA", "PPO", "SAC", "OffPolicyModule", "OnPolicyModule", "RLModule"]
+__all__ = ["A2C", "A3C", "APEX", "APPO", "DQN", "IMPALA", "PPO", "SAC", "OffPolicyModule", "OnPolicyModule", "RLModule"]

@@ -12,7 +12,7 @@ from lightning_rl.algorithms.base import Schedule
 from lightning_rl.algorithms.on_policy import OnPolicyModule
 from lightning_rl.batch import SampleBatch
 from lightning_rl.data.envs import EnvSpec
-from lightning_rl.functional import explained_variance, masked_mean, value_loss
+from lightning_rl.functional import a2c_loss
 from lightning_rl.update import call
 
 
@@ -88,21 +88,7 @@ class A2C(OnPolicyModule):
         scalars: dict[str, Any] | None = None,
     ) -> tuple[Tensor, dict[str, Any]]:
         dist, values = call(self.policies[policy_id], params, batch[SampleBatch.OBS])
-        logp = dist.log_prob(batch[SampleBatch.ACTIONS])
-
-        mask = batch.get(SampleBatch.MASK)  # padded rows of a compiled step's minibatch count 0
-
-        pg_loss = -masked_mean(logp * batch[SampleBatch.ADVANTAGES], mask)
-        vf_loss = value_loss(values, batch[SampleBatch.VALUE_TARGETS], mask=mask)
-        entropy = masked_mean(dist.entropy(), mask)
-        total_loss = pg_loss + self.vf_loss_coeff * vf_loss - self.entropy_coeff * entropy
-
-        with torch.no_grad():
-            stats = {
-                "total_loss": total_loss.detach(),
-                "pg_loss": pg_loss.detach(),
-                "vf_loss": vf_loss.detach(),
-                "entropy": entropy.detach(),
-                "vf_explained_var": explained_variance(values, batch[SampleBatch.VALUE_TARGETS], mask),
-            }
-        return total_loss, stats
+        # padded rows of a compiled step's minibatch count 0 (the mask)
+        return a2c_loss(dist.log_prob(batch[SampleBatch.ACTIONS]), values, dist.entropy(),
+                        batch[SampleBatch.ADVANTAGES], batch[SampleBatch.VALUE_TARGETS], self.vf_loss_coeff,
+                        self.entropy_coeff, batch.get(SampleBatch.MASK))

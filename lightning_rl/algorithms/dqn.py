@@ -13,7 +13,7 @@ from lightning_rl.algorithms.base import Schedule
 from lightning_rl.algorithms.off_policy import OffPolicyModule
 from lightning_rl.batch import DEFAULT_POLICY_ID, SampleBatch
 from lightning_rl.data.envs import EnvSpec
-from lightning_rl.functional import huber_loss, soft_update_
+from lightning_rl.functional import double_q_target, huber_loss, soft_update_
 from lightning_rl.nn.q_models import QNetwork
 from lightning_rl.update import call, policy_loss
 
@@ -132,9 +132,8 @@ class DQN(OffPolicyModule):
             next_obs = batch[SampleBatch.NEXT_OBS]
             next_target_q = target_net(next_obs)
             chooser = call(q_net, params, next_obs) if self.double_q else next_target_q
-            next_q = next_target_q.gather(-1, chooser.argmax(-1, keepdim=True)).squeeze(-1)
-            not_done = 1.0 - batch[SampleBatch.TERMINATEDS].float()
-            target = batch[SampleBatch.REWARDS] + batch[SampleBatch.DISCOUNTS] * not_done * next_q
+            target = double_q_target(batch[SampleBatch.REWARDS], batch[SampleBatch.DISCOUNTS],
+                                     batch[SampleBatch.TERMINATEDS], next_target_q, chooser)
         td_error = q - target
         loss = (batch[SampleBatch.WEIGHTS] * huber_loss(td_error)).mean()
         q = q.detach()

@@ -14,7 +14,7 @@ from lightning_rl.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
 from lightning_rl.data.envs import EnvSpec
 from lightning_rl.data.rollout import RolloutDataModule
 from lightning_rl.distributed import sum_over_ranks
-from lightning_rl.functional import gae, moments, standardized
+from lightning_rl.functional import gae_batch, moments, standardized
 from lightning_rl.learner_info import LEARNER_STATS_KEY, LearnerInfoBuilder
 from lightning_rl.nn.models import ActorCritic
 from lightning_rl.update import policy_loss
@@ -113,19 +113,7 @@ class OnPolicyModule(RLModule):
         value targets, then the reset steps of next-step autoreset dropped (``valid``)."""
         policy = self.sampling_policy(policy_id, rollout[SampleBatch.OBS].device)
         bootstrap = policy.value(last_obs.to(rollout[SampleBatch.OBS].device))
-        advantages, targets = gae(
-            rollout[SampleBatch.REWARDS],
-            rollout[SampleBatch.VF_PREDS],
-            bootstrap,
-            rollout[SampleBatch.TERMINATEDS],
-            rollout[SampleBatch.TRUNCATEDS],
-            self.gamma,
-            self.lambda_,
-        )
-        rollout[SampleBatch.ADVANTAGES] = advantages
-        rollout[SampleBatch.VALUE_TARGETS] = targets
-        flat = SampleBatch({k: v.reshape(-1, *v.shape[2:]) for k, v in rollout.items()})
-        return flat.select(valid.reshape(-1))
+        return SampleBatch(gae_batch(rollout, bootstrap, valid, self.gamma, self.lambda_))
 
     # ------------------------------------------------------------ minibatch SGD
     def loss(

@@ -47,7 +47,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -91,17 +91,43 @@ class MinibatchBuffer:
 
 
 class _Policy:
-    """What a fragment sampler needs of a module, in a worker: the policy's exploring actions."""
+    """What a fragment sampler needs of a module, in a worker: the policy's exploring actions
+    (``exploration``: the worker's own keyword arguments, e.g. APEX's per-worker epsilon)."""
 
-    def __init__(self, policy: nn.Module) -> None:
+    def __init__(self, policy: nn.Module, exploration: dict[str, Any] | None = None) -> None:
         self.policy = policy
+        self.exploration = exploration or {}
 
     def check_spaces(self, observation_space: Any, action_space: Any) -> None:
         pass
 
     def policy_outputs(self, obs: torch.Tensor, policy_id: str, explore: bool = True,
                        generator: torch.Generator | None = None, device: Any = None) -> dict[str, torch.Tensor]:
-        return self.policy.compute_actions(obs, explore=explore, generator=generator)
+        kwargs = self.exploration if explore else {}
+        return self.policy.compute_actions(obs, explore=explore, generator=generator, **kwargs)
+
+
+class FragmentTask:
+    """What a sampler worker makes of each fragment it samples and puts in its slot: for IMPALA
+    and APPO the fragment itself. Subclasses turn it into other things (APEX: prioritized n-step
+    transitions; A3C: a gradient). Runs in the worker; built in the learner process, so it must
+    pickle (the spawn start method)."""
+
+    def exploration(self) -> dict[str, Any]:
+        """Keyword arguments of the worker's exploring ``compute_actions``."""
+        return {}
+
+    def columns(self, policy: nn.Module, sampler: RolloutDataModule) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """Shapes and dtypes of a slot's tensors (learner side, before the workers start)."""
+        return _fragment_columns(policy, sampler)
+
+    def make(self, policy: nn.Module, rollout: dict[str, torch.Tensor], valid: torch.Tensor,
+             bootstrap_obs: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """``(tensors for the slot, a small picklable extra)`` from one time-major fragment
+        (``rollout`` ``[T, N]`` columns, ``valid`` ``[T, N]``, ``bootstrap_obs`` ``[N, ...]``).
+        Tensors shorter than their slot's first dimension fill its first rows (the extra then
+        says how many: ``count``)."""
+        return {**rollout, VALID: valid, BOOTSTRAP_OBS: bootstrap_obs}, {}
 
 
 class _SharedWeights:
@@ -154,19 +180,20 @@ def _fragment_columns(policy: nn.Module, dm: RolloutDataModule) -> dict[str, tup
 
 def _worker_main(
     index: int, seed: int | None, make_sampler: Callable[[int | None], RolloutDataModule], policy: nn.Module,
-    policy_id: str, weights: _SharedWeights, slots: list[dict[str, torch.Tensor]], free: Any, out: Any,
-    stop: Any, parent_pid: int,
+    policy_id: str, task: FragmentTask, weights: _SharedWeights, slots: list[dict[str, torch.Tensor]], free: Any,
+    out: Any, stop: Any, parent_pid: int,
 ) -> None:
-    """A sampler process: take a free slot id from ``free``, fill the slot with a fragment, send
-    its id on ``out``; until stopped or orphaned. Each worker has its own two pipes: a worker
-    killed mid-write can corrupt only its own (a shared queue's lock would hang the others)."""
+    """A sampler process: take a free slot id from ``free``, read the newest weights, sample a
+    fragment, fill the slot with what ``task`` makes of it, send its id on ``out``; until
+    stopped or orphaned. Each worker has its own two pipes: a worker killed mid-write can
+    corrupt only its own (a shared queue's lock would hang the others)."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C belongs to the learner, which stops us
     torch.set_num_threads(1)
     sampler = None
     try:
         sampler = make_sampler(seed)
-        sampler.connect(_Policy(policy))  # type: ignore[arg-type]
+        sampler.connect(_Policy(policy, task.exploration()))  # type: ignore[arg-type]
         sampler.setup("fit")
         version = -1
         while not stop.is_set() and os.getppid() == parent_pid:
@@ -177,12 +204,11 @@ def _worker_main(
             start = time.perf_counter()
             with torch.inference_mode():
                 rollout, valid = sampler.rollout_fragment(policy_id)
+            tensors, extra = task.make(policy, rollout, valid, torch.as_tensor(sampler._obs))
             buf = slots[slot]
-            for key, value in rollout.items():
-                buf[key].copy_(value)
-            buf[VALID].copy_(valid)
-            buf[BOOTSTRAP_OBS].copy_(torch.as_tensor(sampler._obs))
-            out.send(("fragment", index, slot, version, time.perf_counter() - start, sampler.episode_info()))
+            for key, value in tensors.items():
+                buf[key][: len(value)].copy_(value)
+            out.send(("fragment", index, slot, version, time.perf_counter() - start, sampler.episode_info(), extra))
     except BaseException:  # everything, KeyboardInterrupt included, goes to the learner
         try:
             out.send(("error", index, traceback.format_exc()))
@@ -267,6 +293,15 @@ class AsyncSamplingDataModule(EnvDataModule):
         self._error: BaseException | None = None
         self._closing = threading.Event()
 
+    # Subclasses whose workers must wait for the learner to use what they sent (A3C: its
+    # gradient applied, then the new weights read) set this: a slot goes back to its worker
+    # only through ``release``, and each worker has one.
+    hold_slots = False
+
+    def task(self, index: int) -> FragmentTask:
+        """What worker ``index`` makes of its fragments (``num_workers=0``: index 0, in this process)."""
+        return FragmentTask()
+
     # ------------------------------------------------------------ set-up
     def _sampler(self, seed: int | None) -> RolloutDataModule:
         return _new_sampler(self.env, self.num_envs, self.rollout_fragment_length, self.vectorization,
@@ -309,11 +344,11 @@ class AsyncSamplingDataModule(EnvDataModule):
         finally:
             probe.close()
         self._cpu_policy = _cpu_copy(policy)
-        self._columns = _fragment_columns(self._cpu_policy, self._local)
+        self._columns = self.task(0).columns(self._cpu_policy, self._local)
         self._weights = _SharedWeights(self._cpu_policy)
         self._weights.write(policy, int(module.counters["num_iterations"]))
         self._last_broadcast = module._weights_version
-        per_worker = 1 + math.ceil(self.learner_queue_size / self.num_workers)
+        per_worker = 1 if self.hold_slots else 1 + math.ceil(self.learner_queue_size / self.num_workers)
         self._slots = [
             {k: torch.zeros(shape, dtype=dtype).share_memory_() for k, (shape, dtype) in self._columns.items()}
             for _ in range(per_worker * self.num_workers)
@@ -341,7 +376,8 @@ class AsyncSamplingDataModule(EnvDataModule):
             args=(index, self._worker_seed(index, self._restarts[index]),
                   functools.partial(_new_sampler, self.env, self.num_envs, self.rollout_fragment_length,
                                     self.vectorization, self.check_finite), self._cpu_policy,
-                  self.policy_id, self._weights, self._slots, free_recv, out_send, self._stop, os.getpid()),
+                  self.policy_id, self.task(index), self._weights, self._slots, free_recv, out_send, self._stop,
+                  os.getpid()),
         )
         process.start()
         free_recv.close()  # the worker's ends live in the worker now
@@ -391,12 +427,15 @@ class AsyncSamplingDataModule(EnvDataModule):
                         f"{[p.is_alive() for p in self._workers]})"
                     ) from None
                 continue
-            versions = batch.policy_batches[self.policy_id][POLICY_VERSION]
-            if not self._too_old(int(versions.min())):
+            if not self._too_old(int(self._batch_versions(batch).min())):
                 break
             self.counters["num_fragments_dropped"] += self.fragments_per_batch  # loaded before the learner moved on
         batch.info["perf"]["learner_wait_ms"] = 1000.0 * (time.perf_counter() - start)
         return batch
+
+    def _batch_versions(self, batch: MultiAgentBatch) -> torch.Tensor:
+        """The policy versions of a batch's fragments."""
+        return batch.policy_batches[self.policy_id][POLICY_VERSION]
 
     def maybe_broadcast(self) -> None:
         """Write the learner's weights for the workers when ``broadcast_interval`` iterations passed."""
@@ -409,26 +448,25 @@ class AsyncSamplingDataModule(EnvDataModule):
         assert self._local is not None and self.module is not None
         start = time.perf_counter()
         version = int(self.module.counters["num_iterations"])
+        task, policy = self.task(0), self.module.sampling_policy(self.policy_id, torch.device("cpu"))
         fragments = []
         for _ in range(self.fragments_per_batch):
             with torch.inference_mode():
                 rollout, valid = self._local.rollout_fragment(self.policy_id)
-            rollout = SampleBatch({k: v.clone() for k, v in rollout.items()})
-            rollout[VALID] = valid.clone()
-            rollout[BOOTSTRAP_OBS] = torch.tensor(self._local._obs)
-            fragments.append((rollout, version))
+            rollout = {k: v.clone() for k, v in rollout.items()}  # ordinary tensors, not inference ones
+            tensors, extra = task.make(policy, rollout, valid.clone(), torch.tensor(self._local._obs))
+            fragments.append(_Fragment(tensors, version, 0, extra))
         info = self._local.episode_info()
         info["sample_time_s"] = time.perf_counter() - start
         return self._assemble(fragments, info, {"learner_wait_ms": 1000.0 * info["sample_time_s"]})
 
-    def _assemble(self, fragments: list[tuple[dict[str, torch.Tensor], int]], info: dict[str, Any],
-                  perf: dict[str, float]) -> MultiAgentBatch:
+    def _assemble(self, fragments: list[_Fragment], info: dict[str, Any], perf: dict[str, float]) -> MultiAgentBatch:
         """Fragments side by side along the env axis: ``[T, B]`` columns."""
         cols = {}
-        for key in fragments[0][0]:
+        for key in fragments[0].tensors:
             dim = 0 if key == BOOTSTRAP_OBS else 1
-            cols[key] = torch.cat([f[key] for f, _ in fragments], dim=dim)
-        versions = [torch.full((self.num_envs,), v, dtype=torch.int64) for _, v in fragments]
+            cols[key] = torch.cat([f.tensors[key] for f in fragments], dim=dim)
+        versions = [torch.full((self.num_envs,), f.version, dtype=torch.int64) for f in fragments]
         cols[POLICY_VERSION] = torch.cat(versions)
         batch = SampleBatch(cols)  # time-major: [T, B] columns, and [B] ones (bootstrap_obs, policy_version)
         info["perf"] = perf
@@ -438,7 +476,7 @@ class AsyncSamplingDataModule(EnvDataModule):
     def _load_loop(self) -> None:
         """The loader thread: fragments -> batches, worker deaths -> errors or restarts."""
         try:
-            waiting: list[tuple[dict[str, torch.Tensor], int]] = []  # the learner queue
+            waiting: list[_Fragment] = []  # the learner queue
             returns: list[float] = []
             lengths: list[int] = []
             sample_s, load_wait = 0.0, 0.0
@@ -457,10 +495,9 @@ class AsyncSamplingDataModule(EnvDataModule):
                     try:
                         while len(waiting) < capacity and conn.poll():
                             message = conn.recv()
-                            fragment = self._receive(message)
-                            if fragment is None:
-                                continue
-                            index, version, seconds, episodes = fragment[1:]
+                            fragment, seconds, episodes = self._receive(message)
+                            index, version = fragment.index, fragment.version
+                            self.on_episodes(index, episodes)
                             returns += episodes["episode_returns"]
                             lengths += episodes["episode_lengths"]
                             sample_s += seconds
@@ -468,7 +505,7 @@ class AsyncSamplingDataModule(EnvDataModule):
                             if self._too_old(version):
                                 self.counters["num_fragments_dropped"] += 1
                             else:
-                                waiting.append((fragment[0], version))
+                                waiting.append(fragment)
                     except (EOFError, OSError):  # the worker died: _check_workers names it
                         continue
                 while len(waiting) >= self.fragments_per_batch and not self._closing.is_set():
@@ -490,21 +527,36 @@ class AsyncSamplingDataModule(EnvDataModule):
         except BaseException as err:  # handed to the learner's next pull
             self._error = err
 
-    def _receive(self, message: tuple) -> tuple | None:
-        """A worker's message: a fragment (copied out, its slot handed back) or its error."""
+    def _receive(self, message: tuple) -> tuple[_Fragment, float, dict[str, list]]:
+        """A worker's message: ``(fragment, seconds it took, episodes it finished)`` (copied out,
+        its slot handed back unless ``hold_slots``: then ``release`` does), or its error raised."""
         if message[0] == "error":
             _, index, trace = message
             raise RuntimeError(
                 f"sampler worker {index} (pid {self._workers[index].pid}) failed:\n\n"
                 f"Traceback in the worker process:\n{trace}"
             )
-        _, index, slot, version, seconds, episodes = message
-        fragment = {k: v.clone() for k, v in self._slots[slot].items()}
+        _, index, slot, version, seconds, episodes, extra = message
+        count = extra.get("count")
+        tensors = {k: (v if count is None else v[:count]).clone() for k, v in self._slots[slot].items()}
+        if self.hold_slots:  # and which incarnation of the worker it is from (see release)
+            extra["slot"] = (slot, self._restarts[index])
+        else:
+            self.release(index, slot)
+        return _Fragment(tensors, version, index, extra), seconds, episodes
+
+    def release(self, index: int, slot: int, incarnation: int | None = None) -> None:
+        """Hand slot ``slot`` back to worker ``index`` (it may sample into it again); not if the
+        worker was restarted since ``incarnation`` (its successor got all its slots at start)."""
+        if incarnation is not None and incarnation != self._restarts[index]:
+            return
         try:
             self._conns[index][0].send(slot)
         except (OSError, TypeError):  # that worker just died (or was replaced): the slot is its successor's
             pass
-        return fragment, index, version, seconds, episodes
+
+    def on_episodes(self, index: int, episodes: dict[str, list]) -> None:
+        """Hook (loader thread): worker ``index`` finished these episodes."""
 
     def _raise_sent_error(self, index: int) -> None:
         """Raise the error a dead worker sent before it exited, if any (the rest of what it sent is dropped)."""
@@ -571,6 +623,15 @@ class AsyncSamplingDataModule(EnvDataModule):
         self.counters.update(state.get("counters", {}))
         if state.get("local") and self._local is not None and self.num_workers == 0:
             self._local.load_state_dict(state["local"])
+
+
+class _Fragment(NamedTuple):
+    """What a worker sent, in the learner process: its slot's tensors, copied out."""
+
+    tensors: dict[str, torch.Tensor]
+    version: int  # the learner iteration of the weights it was sampled with
+    index: int  # the worker
+    extra: dict[str, Any]
 
 
 def _cpu_copy(policy: nn.Module) -> nn.Module:

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from lightning_rl.batch import SampleBatch
-from lightning_rl.data.sum_tree import MinTree, SumTree
+from lightning_rl.data.sum_tree import ProportionalPriorities
 from lightning_rl.functional import n_step_returns
 
 
@@ -410,10 +410,10 @@ class ReplayBuffer:
 class PrioritizedReplayBuffer(ReplayBuffer):
     """Proportional prioritized replay (Schaul et al. 2016) over the same storage.
 
-    Every flat slot has a priority ``p**alpha`` in a sum tree and a min tree; slots that
-    are not sampleable have priority 0 (``+inf`` in the min tree). A row gets the current
-    maximum priority when it becomes sampleable, and loses its priority when its slot is
-    overwritten. ``update_priorities`` sets ``(|td| + eps)**alpha``.
+    Every flat slot has a priority ``p**alpha`` (``ProportionalPriorities``); slots that are
+    not sampleable have priority 0. A row gets the current maximum priority when it becomes
+    sampleable, and loses its priority when its slot is overwritten. ``update_priorities``
+    sets ``(|td| + eps)**alpha``.
 
     Args:
         alpha: how strongly priorities skew sampling (0 = uniform).
@@ -439,18 +439,22 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         if beta < 0:
             raise ValueError(f"beta must be >= 0, got {beta}")
         super().__init__(capacity, observation_space, action_space, num_envs, n_step, gamma, seed)
-        self.alpha, self.beta, self.eps = float(alpha), float(beta), float(eps)
-        self.max_priority = 1.0  # largest |td| + eps seen (before the alpha power)
-        self._sum_tree = SumTree(self.capacity)
-        self._min_tree = MinTree(self.capacity)
+        self.beta = float(beta)
+        self.prio = ProportionalPriorities(self.capacity, alpha, eps)
+        self._sum_tree, self._min_tree = self.prio.sum_tree, self.prio.min_tree
 
     @staticmethod
     def check_priority_config(alpha: float, eps: float) -> None:
         """Validate ``alpha`` and ``eps`` (also for callers that build the buffer later)."""
-        if alpha < 0:
-            raise ValueError(f"prioritized replay alpha must be >= 0, got {alpha}")
-        if eps <= 0:
-            raise ValueError(f"prioritized replay eps must be > 0, got {eps}")
+        ProportionalPriorities(1, alpha, eps)
+
+    alpha = property(lambda self: self.prio.alpha)
+    eps = property(lambda self: self.prio.eps)
+
+    @property
+    def max_priority(self) -> float:
+        """The largest ``|td| + eps`` given (before the alpha power); new rows get it."""
+        return self.prio.max_priority
 
     @property
     def nbytes(self) -> int:
@@ -459,22 +463,17 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     @property
     def priority_nbytes(self) -> int:
         """Bytes of the sum and min trees."""
-        return self._sum_tree.nbytes + self._min_tree.nbytes
+        return self.prio.nbytes
 
     def priorities(self, batch_indexes: Any) -> np.ndarray:
         """Current priorities ``p**alpha`` of flat slots (0 where not sampleable)."""
         return self._sum_tree[_as_numpy(batch_indexes)]
 
-    def _set(self, flat: np.ndarray, sum_values: np.ndarray | float, min_values: np.ndarray | float) -> None:
-        self._sum_tree.update(flat, sum_values)
-        self._min_tree.update(flat, min_values)
-
     def _on_sampleable(self, flat: np.ndarray) -> None:
-        p = self.max_priority**self.alpha
-        self._set(flat, p, p)
+        self.prio.set_max(flat)
 
     def _on_unsampleable(self, flat: np.ndarray) -> None:
-        self._set(flat, 0.0, np.inf)
+        self.prio.clear(flat)
 
     def sample(self, batch_size: int, beta: float | None = None) -> SampleBatch:
         """``batch_size`` transitions drawn in proportion to their priorities.
@@ -485,16 +484,9 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         (from the min tree). Other columns as in ``ReplayBuffer.sample``.
         """
         self._check_batch_size(batch_size)
-        beta = self.beta if beta is None else float(beta)
-        total = self._sum_tree.total()
-        prefix = (np.arange(batch_size) + self.rng.random(batch_size)) * (total / batch_size)
-        flat = self._sum_tree.find_prefixsum(prefix)
+        flat, weights = self.prio.draw(batch_size, self.rng, len(self), self.beta if beta is None else float(beta))
         batch = self._transitions(flat)
-        n = len(self)
-        prob = self._sum_tree[flat] / total
-        max_weight = (n * self._min_tree.min() / total) ** -beta
-        weights = (n * prob) ** -beta / max_weight
-        batch[SampleBatch.WEIGHTS] = torch.from_numpy(weights.astype(np.float32))
+        batch[SampleBatch.WEIGHTS] = torch.from_numpy(weights)
         return batch
 
     def update_priorities(self, batch_indexes: Any, td_errors: Any) -> None:
@@ -507,23 +499,17 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         """
         flat = _as_numpy(batch_indexes).astype(np.int64, copy=False).reshape(-1)
         td = _as_numpy(td_errors).astype(np.float64).reshape(-1)
-        if flat.shape != td.shape:
-            raise ValueError(f"update_priorities: {flat.size} batch_indexes but {td.size} td_errors")
+        self.prio.check_update(flat, td)
         if flat.size == 0:
             return
-        if not np.isfinite(td).all():
-            raise ValueError("update_priorities: td_errors contain NaN or inf")
         if flat.min() < 0 or flat.max() >= self.capacity:
             raise ValueError(f"update_priorities: batch_indexes must lie in [0, {self.capacity})")
-        p = np.abs(td) + self.eps
         live = self._sampleable_flat.take(flat)
         if not live.all():
-            flat, p = flat[live], p[live]
+            flat, td = flat[live], td[live]
             if flat.size == 0:
                 return
-        self.max_priority = max(self.max_priority, float(p.max()))
-        p **= self.alpha
-        self._set(flat, p, p)
+        self.prio.set(flat, self.prio.from_td(td))
 
     def _config(self) -> dict[str, Any]:
         return {**super()._config(), "alpha": self.alpha, "eps": self.eps}
@@ -537,9 +523,127 @@ class PrioritizedReplayBuffer(ReplayBuffer):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        priorities = _as_numpy(state["priorities"]).astype(np.float64, copy=False)
-        self._sum_tree.leaves[:] = priorities
-        self._sum_tree.rebuild()
-        self._min_tree.leaves[:] = np.where(self._sampleable_flat, priorities, np.inf)
-        self._min_tree.rebuild()
-        self.max_priority = float(state["max_priority"])
+        self.prio.load(_as_numpy(state["priorities"]), self._sampleable_flat, state["max_priority"])
+
+
+class TransitionReplayBuffer:
+    """Prioritized replay of whole n-step transitions inserted one at a time, in any order: what
+    asynchronous actors need (APEX), whose transitions arrive out of step with each other's.
+
+    A flat ring of ``capacity`` transitions ``(obs, actions, rewards, next_obs, terminateds,
+    discounts)``, each with the priority its actor gave it (``add(..., td_errors)``: ``(|td| +
+    eps)**alpha``). ``batch_indexes`` are insertion numbers, not slots: a row overwritten
+    between ``sample`` and ``update_priorities`` is recognized and skipped.
+
+    Args:
+        capacity: transitions held.
+        observation_space, action_space: single-env ``Box`` or ``Discrete`` spaces.
+        alpha, eps: as in ``PrioritizedReplayBuffer``.
+        seed: seed of the buffer's own ``np.random.Generator``.
+    """
+
+    COLUMNS = (SampleBatch.OBS, SampleBatch.ACTIONS, SampleBatch.REWARDS, SampleBatch.NEXT_OBS,
+               SampleBatch.TERMINATEDS, SampleBatch.DISCOUNTS)
+
+    def __init__(self, capacity: int, observation_space: gym.Space, action_space: gym.Space, alpha: float = 0.6,
+                 eps: float = 1e-6, seed: int | None = None) -> None:
+        if capacity < 1:
+            raise ValueError(f"buffer capacity must be >= 1, got {capacity}")
+        self.capacity = int(capacity)
+        obs_shape, obs_dtype = _space_layout(observation_space, "observation", action=False)
+        action_shape, action_dtype = _space_layout(action_space, "action", action=True)
+        layout = {
+            SampleBatch.OBS: (obs_shape, obs_dtype), SampleBatch.ACTIONS: (action_shape, action_dtype),
+            SampleBatch.REWARDS: ((), np.dtype(np.float32)), SampleBatch.NEXT_OBS: (obs_shape, obs_dtype),
+            SampleBatch.TERMINATEDS: ((), np.dtype(bool)), SampleBatch.DISCOUNTS: ((), np.dtype(np.float32)),
+        }
+        self._columns = {k: np.zeros((self.capacity, *shape), dtype=dtype) for k, (shape, dtype) in layout.items()}
+        self.prio = ProportionalPriorities(self.capacity, alpha, eps)
+        self.num_added = 0
+        self.rng = np.random.default_rng(seed)
+
+    def __len__(self) -> int:
+        return min(self.num_added, self.capacity)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self._columns.values()) + self.prio.nbytes
+
+    def add(self, transitions: dict[str, Any], td_errors: Any) -> np.ndarray:
+        """Insert ``[K]`` transitions (the ``COLUMNS``) with priorities ``(|td_errors| + eps)**alpha``;
+        returns their ``batch_indexes``. The oldest transitions are overwritten."""
+        td = _as_numpy(td_errors).astype(np.float64).reshape(-1)
+        k = td.size
+        for key in self.COLUMNS:
+            if len(transitions[key]) != k:
+                raise ValueError(f"add: {len(transitions[key])} rows of {key!r} for {k} td_errors")
+        if k == 0:
+            return np.zeros(0, dtype=np.int64)
+        if not np.isfinite(td).all():
+            raise ValueError("add: td_errors contain NaN or inf")
+        ids = self.num_added + np.arange(k, dtype=np.int64)
+        if k > self.capacity:  # only the newest fit
+            ids, td = ids[-self.capacity:], td[-self.capacity:]
+            transitions = {key: transitions[key][-self.capacity:] for key in self.COLUMNS}
+        slots = ids % self.capacity
+        for key in self.COLUMNS:
+            self._columns[key][slots] = _as_numpy(transitions[key])
+        self.prio.set(slots, self.prio.from_td(td))
+        self.num_added += k
+        return ids
+
+    def priorities(self, batch_indexes: Any) -> np.ndarray:
+        """Current priorities ``p**alpha`` of the rows ``batch_indexes`` name (0 if overwritten)."""
+        ids = _as_numpy(batch_indexes).astype(np.int64, copy=False)
+        return np.where(self._live(ids), self.prio.sum_tree[ids % self.capacity], 0.0)
+
+    def _live(self, ids: np.ndarray) -> np.ndarray:
+        return (ids >= self.num_added - self.capacity) & (ids < self.num_added)
+
+    def sample(self, batch_size: int, beta: float = 0.4) -> SampleBatch:
+        """``batch_size`` transitions drawn in proportion to their priorities, with importance
+        ``weights`` and ``batch_indexes`` (as ``PrioritizedReplayBuffer.sample``)."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if len(self) == 0:
+            raise ValueError("the replay buffer holds no transition yet")
+        slots, weights = self.prio.draw(batch_size, self.rng, len(self), beta)
+        # The insertion number of the transition now in each slot.
+        newest_slot = (self.num_added - 1) % self.capacity
+        ids = self.num_added - 1 - (newest_slot - slots) % self.capacity
+        batch = SampleBatch({key: torch.tensor(self._columns[key].take(slots, axis=0)) for key in self.COLUMNS})
+        batch[SampleBatch.BATCH_INDEXES] = torch.from_numpy(ids)
+        batch[SampleBatch.WEIGHTS] = torch.from_numpy(weights)
+        return batch
+
+    def update_priorities(self, batch_indexes: Any, td_errors: Any) -> None:
+        """``(|td| + eps)**alpha`` for the rows ``batch_indexes`` names; rows overwritten since
+        they were drawn are skipped."""
+        ids = _as_numpy(batch_indexes).astype(np.int64, copy=False).reshape(-1)
+        td = _as_numpy(td_errors).astype(np.float64).reshape(-1)
+        self.prio.check_update(ids, td)
+        live = self._live(ids)
+        if live.any():
+            self.prio.set(ids[live] % self.capacity, self.prio.from_td(td[live]))
+
+    def _config(self) -> dict[str, Any]:
+        return {"capacity": self.capacity, "alpha": self.prio.alpha, "eps": self.prio.eps,
+                **{f"{k}_shape": [list(a.shape[1:]), str(a.dtype)] for k, a in self._columns.items()}}
+
+    def state_dict(self, tensors: bool = False) -> dict[str, Any]:
+        arrays = {**self._columns, "priorities": self.prio.sum_tree.leaves}
+        if tensors:
+            arrays = {name: torch.from_numpy(a) for name, a in arrays.items()}
+        return {**arrays, "num_added": self.num_added, "max_priority": self.prio.max_priority,
+                "rng_state": self.rng.bit_generator.state, "config": self._config()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what ``state_dict`` returned (for a buffer of the same configuration)."""
+        if dict(state["config"]) != self._config():
+            raise ValueError(f"replay buffer state is for {state['config']}, this buffer is {self._config()}")
+        for key, array in self._columns.items():
+            np.copyto(array, _as_numpy(state[key]))
+        self.num_added = int(state["num_added"])
+        live = np.arange(self.capacity) < len(self)
+        self.prio.load(_as_numpy(state["priorities"]), live, state["max_priority"])
+        self.rng.bit_generator.state = state["rng_state"]

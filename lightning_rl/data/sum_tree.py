@@ -159,3 +159,73 @@ class MinTree(SegmentTree):
 
     def min(self) -> float:
         return self.root()
+
+
+class ProportionalPriorities:
+    """Proportional prioritization (Schaul et al. 2016) over ``size`` slots: ``p**alpha`` in a
+    sum tree (sampling) and a min tree (the largest importance weight). Slots without a
+    transition have priority 0 (``+inf`` in the min tree). Shared by the replay buffers, which
+    own the storage and say which slots are live."""
+
+    def __init__(self, size: int, alpha: float, eps: float) -> None:
+        if alpha < 0:
+            raise ValueError(f"prioritized replay alpha must be >= 0, got {alpha}")
+        if eps <= 0:
+            raise ValueError(f"prioritized replay eps must be > 0, got {eps}")
+        self.size, self.alpha, self.eps = int(size), float(alpha), float(eps)
+        self.max_priority = 1.0  # largest |td| + eps seen (before the alpha power)
+        self.sum_tree = SumTree(self.size)
+        self.min_tree = MinTree(self.size)
+
+    @property
+    def nbytes(self) -> int:
+        return self.sum_tree.nbytes + self.min_tree.nbytes
+
+    def set(self, flat: np.ndarray, powered: np.ndarray | float) -> None:
+        """Set slots ``flat`` to priorities ``powered`` (already ``p**alpha``)."""
+        self.sum_tree.update(flat, powered)
+        self.min_tree.update(flat, powered)
+
+    def set_max(self, flat: np.ndarray) -> None:
+        """New transitions: the largest priority seen, so each is replayed at least once soon."""
+        self.set(flat, self.max_priority**self.alpha)
+
+    def clear(self, flat: np.ndarray) -> None:
+        self.sum_tree.update(flat, 0.0)
+        self.min_tree.update(flat, np.inf)
+
+    def from_td(self, td_errors: np.ndarray) -> np.ndarray:
+        """``(|td| + eps)**alpha``, and ``max_priority`` raised to the largest ``|td| + eps``."""
+        p = np.abs(np.asarray(td_errors, dtype=np.float64)) + self.eps
+        if p.size:
+            self.max_priority = max(self.max_priority, float(p.max()))
+        return p**self.alpha
+
+    def check_update(self, flat: np.ndarray, td: np.ndarray) -> None:
+        if flat.shape != td.shape:
+            raise ValueError(f"update_priorities: {flat.size} batch_indexes but {td.size} td_errors")
+        if not np.isfinite(td).all():
+            raise ValueError("update_priorities: td_errors contain NaN or inf")
+
+    def draw(
+        self, batch_size: int, rng: np.random.Generator, num_live: int, beta: float
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``batch_size`` slots in proportion to their priorities, stratified (one uniform draw in
+        each of ``batch_size`` equal segments of the total), and their importance weights
+        ``(N * P(i))**-beta / max_j (N * P(j))**-beta`` with ``N = num_live``."""
+        total = self.sum_tree.total()
+        prefix = (np.arange(batch_size) + rng.random(batch_size)) * (total / batch_size)
+        flat = self.sum_tree.find_prefixsum(prefix)
+        prob = self.sum_tree[flat] / total
+        max_weight = (num_live * self.min_tree.min() / total) ** -beta
+        weights = (num_live * prob) ** -beta / max_weight
+        return flat, weights.astype(np.float32)
+
+    def load(self, leaves: np.ndarray, live: np.ndarray, max_priority: float) -> None:
+        """Restore saved leaf priorities (``live``: the slots holding a transition)."""
+        leaves = np.asarray(leaves, dtype=np.float64)
+        self.sum_tree.leaves[:] = leaves
+        self.sum_tree.rebuild()
+        self.min_tree.leaves[:] = np.where(live, leaves, np.inf)
+        self.min_tree.rebuild()
+        self.max_priority = float(max_priority)

@@ -1,0 +1,148 @@
+"""Asynchronous Advantage Actor-Critic (Mnih et al. 2016, https://arxiv.org/abs/1602.01783):
+sampler workers compute gradients on their own rollouts; the learner applies each as it comes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import torch
+
+from lightning_rl.algorithms.base import (
+    NonFiniteLossError,
+    RLModule,
+    Schedule,
+    check_gamma,
+    check_positive,
+    resolve_schedule,
+)
+from lightning_rl.batch import DEFAULT_POLICY_ID, MultiAgentBatch
+from lightning_rl.data.async_gradients import GRADS, A3CDataModule
+from lightning_rl.data.envs import EnvSpec
+from lightning_rl.learner_info import LEARNER_STATS_KEY, LearnerInfoBuilder
+from lightning_rl.nn.models import ActorCritic
+
+
+class A3C(RLModule):
+    """A3C: each training iteration applies one gradient packet from a sampler worker.
+
+    A worker samples ``num_envs * rollout_fragment_length`` env steps with its copy of the
+    policy, computes the gradient of A2C's loss on them (``functional.a2c_loss``: ``pg_loss +
+    vf_loss_coeff * vf_loss - entropy_coeff * entropy`` on GAE advantages) and sends it; the
+    learner sets it as the parameters' gradient, clips it to ``grad_clip`` and steps its own
+    optimizer. There is no ``manual_backward`` on the learner: the backward passes ran in the
+    workers. The worker then reads the new weights (its own update included) before its next
+    rollout; ``perf/policy_lag_*`` is the staleness, learner updates since the weights a
+    gradient was computed with. ``num_workers=0`` computes each gradient in the learner
+    process (synchronous: A2C on one rollout per step).
+
+    Not supported: Lightning DDP (the packets are one learner's stream; a clear error says
+    so) and ``compile`` (there is no loss on the learner to compile). Resume restores the
+    counters, policy and optimizer; the workers start fresh episodes.
+
+    Args:
+        num_workers, num_envs, rollout_fragment_length, sampler_timeout_s,
+        restart_failed_workers: the sampler workers' (``AsyncSamplingDataModule``).
+        optimizer: ``"rmsprop"`` (alpha 0.99, eps 1e-5, as ``A2C``) or ``"adam"``.
+
+    See ``A2C``/``RLModule`` and the README for the shared hyperparameters.
+    """
+
+    def __init__(
+        self,
+        env: EnvSpec = "CartPole-v1",
+        num_workers: int = 2,
+        num_envs: int = 8,
+        rollout_fragment_length: int = 5,
+        sampler_timeout_s: float = 60.0,
+        restart_failed_workers: bool = False,
+        total_env_steps: int | None = 500_000,
+        iterations_per_epoch: int = 100,
+        seed: int | None = None,
+        vectorization: str = "auto",
+        num_cpu_threads: int | None = 1,
+        cpu_affinity: bool = True,
+        evaluation_interval: int | None = None,
+        evaluation_num_episodes: int = 10,
+        check_finite: bool = True,
+        lr: float = 7e-4,
+        lr_schedule: Schedule = None,
+        gamma: float = 0.99,
+        lambda_: float = 1.0,
+        grad_clip: float | None = 0.5,
+        vf_loss_coeff: float = 0.5,
+        entropy_coeff: float = 0.0,
+        optimizer: Literal["rmsprop", "adam"] = "rmsprop",
+        hiddens: Sequence[int] = (64, 64),
+        activation: str = "tanh",
+        vf_share_layers: bool = False,
+        log_std_init: float = 0.0,
+    ) -> None:
+        super().__init__(
+            env=env, total_env_steps=total_env_steps, seed=seed, num_cpu_threads=num_cpu_threads,
+            cpu_affinity=cpu_affinity, evaluation_interval=evaluation_interval,
+            evaluation_num_episodes=evaluation_num_episodes,
+        )
+        self.save_hyperparameters()
+        check_positive(lr=lr, grad_clip=grad_clip)
+        check_gamma(gamma)
+        if not 0.0 <= lambda_ <= 1.0:
+            raise ValueError(f"lambda_ must be in [0, 1], got {lambda_}")
+        if optimizer not in ("rmsprop", "adam"):
+            raise ValueError(f"optimizer must be 'rmsprop' or 'adam', got {optimizer!r}")
+        self.default_datamodule = A3CDataModule(
+            env, num_workers=num_workers, num_envs=num_envs, rollout_fragment_length=rollout_fragment_length,
+            gamma=gamma, lambda_=lambda_, vf_loss_coeff=vf_loss_coeff, entropy_coeff=entropy_coeff,
+            sampler_timeout_s=sampler_timeout_s, restart_failed_workers=restart_failed_workers,
+            vectorization=vectorization, seed=seed, iterations_per_epoch=iterations_per_epoch,
+            check_finite=check_finite,
+        )
+        self.lr, self.grad_clip, self.optimizer_name = lr, grad_clip, optimizer
+        self.lr_points = resolve_schedule("lr_schedule", lr_schedule, lr, total_env_steps)
+        with torch.random.fork_rng():
+            if seed is not None:
+                torch.manual_seed(seed)
+            self.policies[DEFAULT_POLICY_ID] = ActorCritic(
+                self.observation_space, self.action_space, hiddens, activation, vf_share_layers, log_std_init
+            )
+
+    def configure_optimizers(self) -> Any:
+        params = self.policies[DEFAULT_POLICY_ID].parameters()
+        if self.optimizer_name == "adam":
+            return torch.optim.Adam(params, lr=self.lr)
+        return torch.optim.RMSprop(params, lr=self.lr, alpha=0.99, eps=1e-5)
+
+    def on_fit_start(self) -> None:
+        if self.trainer.world_size > 1:
+            raise RuntimeError(
+                "A3C does not run under DDP: its learner applies one stream of gradient packets as they arrive. "
+                "Use more sampler workers (num_workers) on one learner, or IMPALA/APPO for DDP"
+            )
+        super().on_fit_start()
+
+    def learn_on_batch(self, batch: MultiAgentBatch, builder: LearnerInfoBuilder) -> int:
+        policy_id = DEFAULT_POLICY_ID
+        optimizer = self.policy_optimizer(policy_id)
+        lr = self.set_lr(self.current(self.lr_points, self.lr), optimizer)
+        params = list(self.policies[policy_id].parameters())
+        for flat in batch.policy_batches[policy_id][GRADS]:
+            if not torch.isfinite(flat).all():
+                raise NonFiniteLossError(
+                    f"non-finite gradient from sampler worker {batch.info.get('worker', 0)} at iteration "
+                    f"{self.counters['num_iterations']} (worker's loss terms: {batch.info['worker_stats']}); "
+                    "the weights were not stepped"
+                )
+            flat = flat.to(self.device)
+            offset = 0
+            for p in params:
+                p.grad = flat[offset: offset + p.numel()].view_as(p).clone()
+                offset += p.numel()
+            stats: dict[str, Any] = {}
+            if self.grad_clip is not None:
+                stats["grad_gnorm"] = torch.nn.utils.clip_grad_norm_(params, self.grad_clip)
+            optimizer.step()
+            self.counters["num_grad_updates"] += 1
+            builder.add_learn_on_batch_results(
+                {LEARNER_STATS_KEY: {**batch.info["worker_stats"], **stats, "cur_lr": lr}}, policy_id
+            )
+        return int(batch.info["rows"])

@@ -1,0 +1,135 @@
+"""Asynchronous gradients (A3C, Mnih et al. 2016): each sampler worker computes the actor-critic
+gradient of its own fragment and sends it through its shared-memory slot; the learner applies
+each packet as it arrives and the worker, which waits for its slot, then reads the weights
+that already hold its own update.
+
+The workers, slots, faults and shutdown are ``AsyncSamplingDataModule``'s; what differs is what
+a worker makes of a fragment (``GradientTask``) and that a slot returns to its worker only after
+the learner applied what was in it (``hold_slots``: one slot per worker).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from lightning_rl.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
+from lightning_rl.data.async_sampling import POLICY_VERSION, AsyncSamplingDataModule, FragmentTask, _Fragment
+from lightning_rl.data.envs import EnvSpec
+from lightning_rl.data.rollout import RolloutDataModule
+from lightning_rl.functional import a2c_loss, gae_batch
+
+__all__ = ["GRADS", "A3CDataModule", "GradientTask"]
+
+GRADS = "grads"
+
+
+class GradientTask(FragmentTask):
+    """An A3C worker's job: the gradient of the A2C loss (``functional.a2c_loss`` on GAE
+    advantages) of its fragment, w.r.t. its copy of the policy's parameters, as one flat
+    ``[num_params]`` tensor (``torch.autograd.grad``: the policy's ``.grad`` is not touched)."""
+
+    def __init__(self, gamma: float, lambda_: float, vf_loss_coeff: float, entropy_coeff: float) -> None:
+        self.gamma, self.lambda_ = gamma, lambda_
+        self.vf_loss_coeff, self.entropy_coeff = vf_loss_coeff, entropy_coeff
+
+    def columns(self, policy: nn.Module, sampler: RolloutDataModule) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        return {GRADS: ((sum(p.numel() for p in policy.parameters()),), torch.float32)}
+
+    def make(self, policy: nn.Module, rollout: dict[str, torch.Tensor], valid: torch.Tensor,
+             bootstrap_obs: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        grads, stats = self.gradient(policy, rollout, valid, bootstrap_obs)
+        return {GRADS: grads}, {"stats": stats, "rows": int(valid.sum())}
+
+    def gradient(self, policy: nn.Module, rollout: dict[str, torch.Tensor], valid: torch.Tensor,
+                 bootstrap_obs: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        """``(flat gradient, loss terms)`` of one ``[T, N]`` fragment."""
+        rollout = {k: v.clone() for k, v in rollout.items()}  # ordinary tensors (a worker samples in inference mode)
+        with torch.no_grad():
+            batch = gae_batch(rollout, policy.value(bootstrap_obs.clone()), valid.clone(), self.gamma, self.lambda_)
+        dist, values = policy(batch[SampleBatch.OBS])
+        loss, stats = a2c_loss(dist.log_prob(batch[SampleBatch.ACTIONS]), values, dist.entropy(),
+                               batch[SampleBatch.ADVANTAGES], batch[SampleBatch.VALUE_TARGETS], self.vf_loss_coeff,
+                               self.entropy_coeff)
+        params = list(policy.parameters())
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        flat = torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1) for p, g in zip(params, grads)])
+        return flat, {k: float(v) for k, v in stats.items()}
+
+
+class A3CDataModule(AsyncSamplingDataModule):
+    """Gradient packets from sampler workers, one per training iteration (see the module
+    docstring). A batch's policy batch holds ``grads`` ``[1, num_params]``; its ``info`` the
+    worker's loss terms (``worker_stats``), the rows the gradient came from (``rows``) and the
+    weights version it was computed with (``policy_version``). Before handing out the next
+    packet the learner's new weights are written for the workers and the previous packet's
+    slot goes back to its worker, which so computes its next gradient with weights that hold
+    its own last update.
+
+    Args:
+        gamma, lambda_, vf_loss_coeff, entropy_coeff: the workers' loss (``GradientTask``).
+        The rest: ``AsyncSamplingDataModule``'s (one fragment per packet).
+    """
+
+    hold_slots = True
+
+    def __init__(
+        self,
+        env: EnvSpec,
+        num_workers: int = 2,
+        num_envs: int = 8,
+        rollout_fragment_length: int = 5,
+        gamma: float = 0.99,
+        lambda_: float = 1.0,
+        vf_loss_coeff: float = 0.5,
+        entropy_coeff: float = 0.0,
+        sampler_timeout_s: float = 60.0,
+        restart_failed_workers: bool = False,
+        vectorization: str = "auto",
+        seed: int | None = None,
+        iterations_per_epoch: int = 100,
+        check_finite: bool = True,
+        policy_id: str = DEFAULT_POLICY_ID,
+    ) -> None:
+        super().__init__(
+            env, num_workers=num_workers, num_envs=num_envs, rollout_fragment_length=rollout_fragment_length,
+            train_batch_size=num_envs * rollout_fragment_length, learner_queue_size=max(num_workers, 1),
+            sampler_timeout_s=sampler_timeout_s, restart_failed_workers=restart_failed_workers,
+            vectorization=vectorization, seed=seed, iterations_per_epoch=iterations_per_epoch,
+            check_finite=check_finite, policy_id=policy_id,
+        )
+        self.gradient_task = GradientTask(gamma, lambda_, vf_loss_coeff, entropy_coeff)
+        self._applied: list[tuple[int, tuple[int, int]]] = []  # (worker, (slot, incarnation)) of packets handed out
+
+    def task(self, index: int) -> FragmentTask:
+        return self.gradient_task
+
+    def _assemble(self, fragments: list[_Fragment], info: dict[str, Any], perf: dict[str, float]) -> MultiAgentBatch:
+        (fragment,) = fragments  # one packet per batch
+        info.update(perf=perf, agent_steps_sampled=self.train_batch_size, worker_stats=fragment.extra["stats"],
+                    rows=fragment.extra["rows"], worker=fragment.index, slot=fragment.extra.get("slot"))
+        info[POLICY_VERSION] = torch.tensor([fragment.version])
+        batch = SampleBatch({GRADS: fragment.tensors[GRADS][None]})
+        return MultiAgentBatch({self.policy_id: batch}, env_steps=self.train_batch_size, info=info)
+
+    def _batch_versions(self, batch: MultiAgentBatch) -> torch.Tensor:
+        return batch.info[POLICY_VERSION]
+
+    def sample(self) -> MultiAgentBatch:
+        """The next gradient packet (waiting for one), after the weights that hold the last one
+        went to the workers and its worker got its slot back."""
+        if self.num_workers:
+            if self._applied:
+                self._weights.write(self.module.policies[self.policy_id], int(self.module.counters["num_iterations"]))
+                for worker, (slot, incarnation) in self._applied:
+                    self.release(worker, slot, incarnation)
+                self._applied = []
+        batch = self._next_batch()
+        if batch.info["slot"] is not None:
+            self._applied.append((batch.info["worker"], batch.info["slot"]))
+        # Staleness: learner iterations (= applied packets) since the weights the gradient was computed with.
+        lag = float(int(self.module.counters["num_iterations"]) - int(batch.info[POLICY_VERSION][0]))
+        batch.info["perf"] = {**batch.info["perf"], "policy_lag_mean": lag, "policy_lag_max": lag}
+        return batch

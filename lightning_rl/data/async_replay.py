@@ -1,0 +1,297 @@
+"""Distributed prioritized replay (APEX, Horgan et al. 2018): sampler workers explore with their
+own epsilons, turn their fragments into n-step transitions with initial priorities from their
+own copy of the Q-network, and the learner process inserts them into one prioritized replay.
+
+The workers, slots, weight broadcasts, faults and shutdown are ``AsyncSamplingDataModule``'s;
+what differs is what a worker makes of a fragment (``NStepPriorityTask``) and what the learner
+does with it (insert into a ``TransitionReplayBuffer`` rather than train on it).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from pytorch_lightning.trainer.states import TrainerStatus
+from torch import nn
+
+from lightning_rl.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
+from lightning_rl.checkpoint import pack_rank_states, unpack_rank_state
+from lightning_rl.data.async_sampling import POLICY_VERSION, AsyncSamplingDataModule, FragmentTask, _Fragment
+from lightning_rl.data.base import rank_seed
+from lightning_rl.data.envs import EnvSpec
+from lightning_rl.data.replay_buffer import ReplayBuffer, TransitionReplayBuffer
+from lightning_rl.data.rollout import RolloutDataModule
+from lightning_rl.functional import double_q_target
+
+__all__ = ["ApexDataModule", "NStepPriorityTask", "worker_epsilons"]
+
+TD_ERROR = "td_error"
+
+
+def worker_epsilons(num_workers: int, epsilon: float = 0.4, alpha: float = 7.0) -> list[float]:
+    """Ape-X's exploration: worker ``i`` of ``N`` acts epsilon-greedily with ``epsilon ** (1 +
+    alpha * i / (N - 1))`` (one worker, or none: ``epsilon``)."""
+    if num_workers <= 1:
+        return [float(epsilon)]
+    return [float(epsilon ** (1 + alpha * i / (num_workers - 1))) for i in range(num_workers)]
+
+
+class _NStepWindows(ReplayBuffer):
+    """A worker's n-step windows: ``ReplayBuffer``'s lock-step ring per env (so no env's steps
+    enter another env's window, and episode ends cut windows exactly as in the learner's
+    replay), just long enough for one fragment; it hands out each transition once, when its
+    window completes."""
+
+    def __init__(self, observation_space: gym.Space, action_space: gym.Space, num_envs: int,
+                 rollout_fragment_length: int, n_step: int, gamma: float) -> None:
+        rows = rollout_fragment_length + n_step + 2  # a row completes within n_step adds of its own
+        super().__init__(rows * num_envs, observation_space, action_space, num_envs, n_step, gamma)
+        self._completed: list[np.ndarray] = []
+
+    def _on_sampleable(self, flat: np.ndarray) -> None:
+        self._completed.append(flat)
+
+    def add_fragment(self, rollout: dict[str, torch.Tensor], valid: torch.Tensor) -> SampleBatch:
+        """Add a ``[T, N]`` fragment step by step; the transitions whose windows it completed."""
+        for t in range(valid.shape[0]):
+            self.add(rollout[SampleBatch.OBS][t], rollout[SampleBatch.ACTIONS][t], rollout[SampleBatch.REWARDS][t],
+                     rollout[SampleBatch.TERMINATEDS][t], rollout[SampleBatch.TRUNCATEDS][t], valid[t])
+        flat = np.concatenate(self._completed) if self._completed else np.zeros(0, dtype=np.int64)
+        self._completed = []
+        return self._transitions(flat)
+
+
+class NStepPriorityTask(FragmentTask):
+    """An APEX worker's job: its fragment as n-step transitions with their TD errors under the
+    worker's own Q-network (online and target alike: a worker has one copy), from which the
+    replay sets the initial priorities ``(|td| + eps)**alpha``."""
+
+    def __init__(self, observation_space: gym.Space, action_space: gym.Space, num_envs: int,
+                 rollout_fragment_length: int, n_step: int, gamma: float, epsilon: float) -> None:
+        self.spaces = (observation_space, action_space)
+        self.num_envs, self.rollout_fragment_length = num_envs, rollout_fragment_length
+        self.n_step, self.gamma, self.epsilon = n_step, gamma, epsilon
+        self._windows: _NStepWindows | None = None  # made in the worker, on first use
+
+    def exploration(self) -> dict[str, Any]:
+        return {"epsilon": self.epsilon}
+
+    def columns(self, policy: nn.Module, sampler: RolloutDataModule) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        windows = self.windows()
+        rows = (self.rollout_fragment_length + self.n_step) * self.num_envs  # the most one fragment completes
+        probe = windows._transitions(np.zeros(1, dtype=np.int64))
+        self._windows = None
+        cols = {k: ((rows, *v.shape[1:]), v.dtype) for k, v in probe.items() if k in TransitionReplayBuffer.COLUMNS}
+        cols[TD_ERROR] = ((rows,), torch.float32)
+        return cols
+
+    def windows(self) -> _NStepWindows:
+        if self._windows is None:
+            self._windows = _NStepWindows(*self.spaces, self.num_envs, self.rollout_fragment_length, self.n_step,
+                                          self.gamma)
+        return self._windows
+
+    def make(self, policy: nn.Module, rollout: dict[str, torch.Tensor], valid: torch.Tensor,
+             bootstrap_obs: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        batch = self.windows().add_fragment(rollout, valid)
+        with torch.no_grad():
+            tensors = {k: batch[k] for k in TransitionReplayBuffer.COLUMNS}
+            tensors[TD_ERROR] = td_errors(policy, batch)
+        return tensors, {"count": len(tensors[TD_ERROR])}
+
+
+def td_errors(q_net: nn.Module, batch: SampleBatch) -> torch.Tensor:
+    """``[B]`` TD errors of n-step transitions under one Q-network (online and target)."""
+    q = q_net(batch[SampleBatch.OBS]).gather(-1, batch[SampleBatch.ACTIONS].long().unsqueeze(-1)).squeeze(-1)
+    next_q = q_net(batch[SampleBatch.NEXT_OBS])
+    return q - double_q_target(batch[SampleBatch.REWARDS], batch[SampleBatch.DISCOUNTS],
+                               batch[SampleBatch.TERMINATEDS], next_q, next_q)
+
+
+class ApexDataModule(AsyncSamplingDataModule):
+    """APEX's replay fed by sampler workers (see the module docstring).
+
+    Each training iteration inserts ``max(num_workers, 1)`` worker fragments (``num_envs *
+    rollout_fragment_length`` env steps each; it waits for them) into the prioritized replay,
+    then hands the learner this DataModule (``batch.replay``) once ``learning_starts`` env steps
+    were inserted: the learner samples, learns and updates the priorities of exactly the
+    sampled rows (``sample_minibatch``/``update_priorities``, as ``ReplayDataModule``). A fixed
+    number of env steps per iteration keeps the replayed-to-sampled ratio (``training_intensity``)
+    exact and the gradient steps the same on every DDP rank.
+
+    Args:
+        buffer_size: transitions held (per process under DDP).
+        learning_starts: env steps inserted before learning starts.
+        n_step, gamma: the n-step returns the workers compute.
+        prioritized_replay_alpha, prioritized_replay_eps: proportional prioritization.
+        epsilon, epsilon_alpha: the workers' epsilons (``worker_epsilons``); the learner
+            process samples with worker 0's when ``num_workers=0``.
+        checkpoint_replay_buffer: keep the replay in checkpoints.
+        The rest: ``AsyncSamplingDataModule``'s.
+    """
+
+    prioritized_replay = True  # the learner's replay loop updates priorities
+
+    def __init__(
+        self,
+        env: EnvSpec,
+        num_workers: int = 2,
+        num_envs: int = 4,
+        rollout_fragment_length: int = 16,
+        buffer_size: int = 100_000,
+        learning_starts: int = 1000,
+        n_step: int = 3,
+        gamma: float = 0.99,
+        prioritized_replay_alpha: float = 0.6,
+        prioritized_replay_eps: float = 1e-6,
+        epsilon: float = 0.4,
+        epsilon_alpha: float = 7.0,
+        learner_queue_size: int = 16,
+        broadcast_interval: int = 1,
+        max_policy_lag: int | None = None,
+        sampler_timeout_s: float = 60.0,
+        restart_failed_workers: bool = False,
+        vectorization: str = "auto",
+        seed: int | None = None,
+        iterations_per_epoch: int = 50,
+        check_finite: bool = True,
+        checkpoint_replay_buffer: bool = True,
+        policy_id: str = DEFAULT_POLICY_ID,
+    ) -> None:
+        super().__init__(
+            env, num_workers=num_workers, num_envs=num_envs, rollout_fragment_length=rollout_fragment_length,
+            train_batch_size=max(num_workers, 1) * num_envs * rollout_fragment_length,
+            learner_queue_size=learner_queue_size, broadcast_interval=broadcast_interval,
+            max_policy_lag=max_policy_lag, sampler_timeout_s=sampler_timeout_s,
+            restart_failed_workers=restart_failed_workers, vectorization=vectorization, seed=seed,
+            iterations_per_epoch=iterations_per_epoch, check_finite=check_finite, policy_id=policy_id,
+        )
+        ReplayBuffer.check_config(n_step + 2, 1, n_step, gamma)
+        TransitionReplayBuffer(1, gym.spaces.Discrete(2), gym.spaces.Discrete(2), prioritized_replay_alpha,
+                               prioritized_replay_eps)  # validates alpha and eps
+        if learning_starts < 0:
+            raise ValueError(f"learning_starts must be >= 0, got {learning_starts}")
+        self.buffer_size, self.learning_starts = buffer_size, learning_starts
+        self.n_step, self.gamma = n_step, gamma
+        self.alpha, self.eps = prioritized_replay_alpha, prioritized_replay_eps
+        self.epsilons = worker_epsilons(num_workers, epsilon, epsilon_alpha)
+        self.checkpoint_replay_buffer = checkpoint_replay_buffer
+        self.buffer: TransitionReplayBuffer | None = None
+        self.env_steps = 0  # env steps inserted in this process (learning_starts counts them)
+        self._local_task: NStepPriorityTask | None = None
+        self._drawn_at: int | None = None
+        self._latencies: list[int] = []
+        self._replayed = 0
+        self._last_sample = time.perf_counter()
+        self._returns: dict[int, list[float]] = {}
+
+    def task(self, index: int) -> FragmentTask:
+        if self.num_workers == 0:  # the learner process's own windows persist between fragments
+            if self._local_task is None:
+                self._local_task = self._new_task(0)
+            return self._local_task
+        return self._new_task(index)
+
+    def _new_task(self, index: int) -> NStepPriorityTask:
+        space = self.module
+        return NStepPriorityTask(space.observation_space, space.action_space, self.num_envs,
+                                 self.rollout_fragment_length, self.n_step, self.gamma, self.epsilons[index])
+
+    def setup(self, stage: str) -> None:
+        if self.buffer is None:
+            module = self.module if self.module is not None else self.trainer.lightning_module
+            rank = self.trainer.global_rank if self.trainer is not None else 0
+            self.buffer = TransitionReplayBuffer(self.buffer_size, module.observation_space, module.action_space,
+                                                 self.alpha, self.eps, seed=rank_seed(self.seed, rank))
+        super().setup(stage)
+
+    # ------------------------------------------------------------ the learner's side
+    def _assemble(self, fragments: list[_Fragment], info: dict[str, Any], perf: dict[str, float]) -> MultiAgentBatch:
+        """Fragments' transitions one after the other (``[K]`` rows, ``K`` varying), and the
+        fragments' ``policy_version`` (one each)."""
+        cols = {k: torch.cat([f.tensors[k] for f in fragments]) for k in fragments[0].tensors}
+        versions = torch.tensor([f.version for f in fragments], dtype=torch.int64)
+        info["perf"] = perf
+        info["agent_steps_sampled"] = self.train_batch_size
+        info[POLICY_VERSION] = versions
+        return MultiAgentBatch({self.policy_id: SampleBatch(cols)}, env_steps=self.train_batch_size, info=info)
+
+    def _batch_versions(self, batch: MultiAgentBatch) -> torch.Tensor:
+        return batch.info[POLICY_VERSION]
+
+    def on_episodes(self, index: int, episodes: dict[str, list]) -> None:
+        self._returns.setdefault(index, []).extend(episodes["episode_returns"])
+
+    def sample(self) -> MultiAgentBatch:
+        """Insert the next ``max(num_workers, 1)`` fragments' transitions (waiting for them); the
+        batch carries no rows, and ``replay`` is this DataModule once learning may start."""
+        assert self.buffer is not None, "call setup() first"
+        if self.num_workers:
+            self.maybe_broadcast()
+        batch = self._next_batch()
+        cols = batch.policy_batches[self.policy_id]
+        inserted = len(cols[TD_ERROR])
+        self.buffer.add({k: cols[k] for k in TransitionReplayBuffer.COLUMNS}, cols[TD_ERROR])
+        self.env_steps += batch.env_steps
+        now = time.perf_counter()
+        elapsed = max(now - self._last_sample, 1e-9)
+        perf = batch.info.setdefault("perf", {})
+        lag = int(self.module.counters["num_iterations"]) - batch.info[POLICY_VERSION]
+        perf.update(replay_size=float(len(self.buffer)), insert_rows_per_s=inserted / elapsed,
+                    replay_rows_per_s=self._replayed / elapsed, policy_lag_mean=float(lag.float().mean()),
+                    policy_lag_max=float(lag.max()))
+        if self._latencies:
+            perf["priority_update_latency"] = float(np.mean(self._latencies))
+            self._latencies = []
+        for i, epsilon in enumerate(self.epsilons):
+            perf[f"worker_{i}_epsilon"] = epsilon
+            returns = self._returns.pop(i, None) if self.num_workers else batch.info.get("episode_returns")
+            if returns:
+                perf[f"worker_{i}_episode_return"] = float(np.mean(returns))
+        self._last_sample, self._replayed = now, 0
+        batch.info["buffer_size"] = len(self.buffer)
+        ready = self.env_steps >= self.learning_starts and len(self.buffer) > 0
+        return MultiAgentBatch({}, env_steps=batch.env_steps, info=batch.info, replay=self if ready else None)
+
+    def sample_minibatch(self, policy_id: str, batch_size: int, beta: float | None = None) -> SampleBatch:
+        """``batch_size`` prioritized transitions with ``weights`` and ``batch_indexes``."""
+        assert self.buffer is not None
+        self._drawn_at = int(self.module.counters["num_iterations"])
+        self._replayed += batch_size
+        return self.buffer.sample(batch_size, beta=0.4 if beta is None else beta)
+
+    def update_priorities(self, policy_id: str, batch_indexes: Any, td_error: Any) -> None:
+        """The new priorities of exactly the sampled rows (overwritten ones skipped)."""
+        assert self.buffer is not None
+        self.buffer.update_priorities(batch_indexes, td_error)
+        if self._drawn_at is not None:  # learner iterations between drawing the rows and updating them
+            self._latencies.append(int(self.module.counters["num_iterations"]) - self._drawn_at)
+
+    # ------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """The base's, and every rank's env steps inserted, replay (``checkpoint_replay_buffer``)
+        and, with ``num_workers=0``, open n-step windows (exact resume then). Gathers over DDP
+        ranks: call it on every rank together, as Lightning's checkpointing does."""
+        keep = self.checkpoint_replay_buffer and self.buffer is not None
+        local = {
+            "env_steps": self.env_steps,
+            "buffer": self.buffer.state_dict(tensors=True) if keep else None,
+            "windows": self._local_task.windows().state_dict(tensors=True) if keep and self._local_task else None,
+        }
+        interrupted = self.trainer is not None and self.trainer.state.status == TrainerStatus.INTERRUPTED
+        return {**super().state_dict(), "replay": pack_rank_states(local, interrupted)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        world_size = self.trainer.world_size if self.trainer is not None else 1
+        mine = unpack_rank_state(state.get("replay"), self.rank, world_size, "replay buffer")
+        if mine is None or mine["buffer"] is None or self.buffer is None:
+            return  # an empty replay: learning_starts counts from here
+        self.buffer.load_state_dict(mine["buffer"])
+        self.env_steps = int(mine["env_steps"])
+        if mine["windows"] is not None and self.num_workers == 0:
+            self.task(0).windows().load_state_dict(mine["windows"])
