@@ -84,8 +84,8 @@ class SnappingCartPole(gym.Env):
 class Faults(pl.Callback):
     """Prints the sampler pids and the progress; paces the learner; injects the mode's fault."""
 
-    def __init__(self, mode: str) -> None:
-        self.mode = mode
+    def __init__(self, mode: str, iterations: int) -> None:
+        self.mode, self.iterations = mode, iterations
         self.printed: list[int] = []
 
     def _print_samplers(self, pl_module: pl.LightningModule) -> list[int]:
@@ -102,6 +102,8 @@ class Faults(pl.Callback):
         pids = self._print_samplers(pl_module)
         iteration = pl_module.counters["num_iterations"]
         print(f"ITERATION {iteration}", flush=True)
+        if iteration >= self.iterations:
+            trainer.should_stop = True
         time.sleep(PACE_S)
         if iteration != FAULT_AT:
             return
@@ -125,8 +127,8 @@ def make_model(algo: str, mode: str, iterations: int) -> pl.LightningModule:
     if algo == "APEX":  # one fragment per worker (40 env steps) per iteration
         return APEX(**common, learning_starts=40, num_gradient_steps=1, train_batch_size=16,
                     total_env_steps=iterations * 40)
-    if algo == "A3C":  # one gradient packet (20 env steps) per iteration
-        return A3C(**common, total_env_steps=iterations * 20)
+    if algo == "A3C":  # one or two gradient packets per iteration: Faults stops it after `iterations`
+        return A3C(**common, total_env_steps=None)
     raise SystemExit(f"ALGO must be IMPALA, APEX or A3C, got {algo!r}")
 
 
@@ -139,7 +141,7 @@ def main(mode: str, root: str, algo: str = "IMPALA") -> None:
     model = make_model(algo, mode, iterations)
     trainer = pl.Trainer(default_root_dir=root, accelerator="cpu", devices=1, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                         callbacks=[Faults(mode)])
+                         callbacks=[Faults(mode, iterations)])
     trainer.fit(model)
     restarts = model.default_datamodule.counters["num_worker_restarts"]
     print(f"FINISHED {model.counters['num_iterations']} RESTARTS {restarts}", flush=True)

@@ -415,14 +415,19 @@ def test_a3c_each_worker_computes_its_next_packet_with_its_own_update_applied():
     learn = model.learn_on_batch
 
     def recording(batch, builder):
-        records.append((batch.info["worker"], int(batch.info[POLICY_VERSION][0]), model.counters["num_iterations"]))
+        workers = batch.info["workers"]
+        assert len(set(workers)) == len(workers)  # at most one packet per worker in an iteration
+        for worker, version in zip(workers, batch.info[POLICY_VERSION].tolist()):
+            records.append((worker, version, model.counters["num_iterations"]))
         return learn(batch, builder)
 
     model.learn_on_batch = recording
     quiet_trainer(max_epochs=-1).fit(model)
     assert not children()
-    assert model.counters["num_iterations"] == len(records) == 40
-    assert [it for _, _, it in records] == list(range(40))
+    iterations = model.counters["num_iterations"]
+    assert model.counters["num_grad_updates"] == len(records) >= iterations  # one optimizer step per packet
+    assert model.counters["num_env_steps_sampled"] == 400 == 10 * len(records)  # 2 envs x 5 steps a packet
+    assert sorted({it for _, _, it in records}) == list(range(iterations))
     by_worker: dict[int, list[tuple[int, int]]] = {}
     for worker, version, iteration in records:
         assert version <= iteration  # no packet from weights the learner did not have yet
@@ -458,14 +463,20 @@ def test_a3c_under_ddp_is_a_clear_error(monkeypatch):
     (3.0, 0, 4, 16, 64, 3),  # the learner process samples one fragment of 64 steps
     (0.1, 2, 4, 16, 64, 1),  # 0.2 rounds to 0: at least 1
     (None, 2, 4, 16, 64, 5),  # num_gradient_steps as given
+    ("default", 2, 4, 16, 64, 32),  # neither given: training_intensity 16
+    ("default", 0, 4, 16, 64, 16),  # the same replay ratio with half the env steps per iteration
 ])
 def test_apex_training_intensity_sets_num_gradient_steps(intensity, num_workers, num_envs, fragment, batch_size,
                                                          steps):
+    given = {} if intensity == "default" else (
+        {"num_gradient_steps": 5} if intensity is None else {"training_intensity": intensity})
     model = APEX(num_workers=num_workers, num_envs=num_envs, rollout_fragment_length=fragment,
-                 train_batch_size=batch_size, training_intensity=intensity, num_gradient_steps=5, hiddens=(8,))
+                 train_batch_size=batch_size, hiddens=(8,), **given)
     assert model.num_gradient_steps == steps
     with pytest.raises(ValueError, match="training_intensity"):
         APEX(training_intensity=0.0, hiddens=(8,))
+    with pytest.raises(ValueError, match="not both"):
+        APEX(training_intensity=1.0, num_gradient_steps=4, hiddens=(8,))
 
 
 @pytest.mark.parametrize(("world_size", "due_at"), [(1, [3, 6, 9]), (2, [2, 4, 6, 8])])
@@ -503,7 +514,7 @@ def test_apex_target_update_copies_the_online_weights_and_keeps_the_target_a_con
 
 def a3c_packet(grads: torch.Tensor) -> MultiAgentBatch:
     return MultiAgentBatch({PID: SampleBatch({GRADS: grads[None]})}, env_steps=10,
-                           info={"worker_stats": {"total_loss": 0.0}, "rows": 10, "worker": 0})
+                           info={"worker_stats": [{"total_loss": 0.0}], "rows": 10, "workers": [0]})
 
 
 @pytest.mark.parametrize(("grad_clip", "scale"), [(0.5, 0.5 / 10.0), (20.0, 1.0)])

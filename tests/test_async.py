@@ -21,16 +21,19 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def children() -> list[int]:
-    """Live (non-zombie) child processes of this process, from /proc."""
+    """Live (non-zombie) child processes of this process, from /proc; not Python's
+    multiprocessing resource tracker, which the spawn start method starts once and which lives
+    as long as this interpreter (it is no sampler)."""
     out = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             fields = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()
+            cmdline = open(f"/proc/{entry}/cmdline").read()
         except OSError:
             continue
-        if int(fields[1]) == os.getpid() and fields[0] not in ("Z", "X"):
+        if int(fields[1]) == os.getpid() and fields[0] not in ("Z", "X") and "resource_tracker" not in cmdline:
             out.append(int(entry))
     return out
 
@@ -287,3 +290,24 @@ def test_broadcasts_follow_iterations_while_a_batch_is_reused():
         assert int(dm._weights.seq[1]) == 1  # ... and the new weights went out
     finally:
         dm.close()
+
+
+@pytest.mark.parametrize("algo", ["IMPALA", "APEX", "A3C"])
+def test_workers_start_with_spawn_when_cuda_is_initialised(algo, monkeypatch):
+    """A learner that initialised CUDA cannot fork: the workers are spawned, so everything they
+    get (policy, task, shared weights and slots, env spec) must pickle. Checked on CPU by making
+    the learner look CUDA-initialised."""
+    from lightning_rl import A3C, APEX
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    small = dict(env="CartPole-v1", num_workers=2, num_envs=2, rollout_fragment_length=10, hiddens=(16,), seed=0,
+                 sampler_timeout_s=60.0, iterations_per_epoch=5)
+    model = {
+        "IMPALA": lambda: IMPALA(**small, train_batch_size=40, total_env_steps=200),
+        "APEX": lambda: APEX(**small, learning_starts=40, num_gradient_steps=1, train_batch_size=16,
+                             total_env_steps=200),
+        "A3C": lambda: A3C(**small, total_env_steps=100),
+    }[algo]()
+    quiet_trainer(max_epochs=-1).fit(model)
+    assert model.default_datamodule._ctx.get_start_method() == "spawn"
+    assert model.counters["num_iterations"] == 5 and model.counters["num_grad_updates"] > 0

@@ -65,5 +65,8 @@ def test_apex_resume_with_workers_keeps_counters_and_replay(tmp_path):
 def test_a3c_resume_with_workers_keeps_counters(tmp_path):
     _, first, resumed = fit_in_halves(A3C, tmp_path, num_workers=2)
     assert first.counters["num_iterations"] == 4
-    assert resumed.counters["num_iterations"] == resumed.counters["num_grad_updates"] == 8
-    assert resumed.counters["num_env_steps_sampled"] == 8 * 2 * 5
+    assert resumed.counters["num_iterations"] == 8
+    # one or two packets (one per worker) an iteration, each 2 envs x 5 steps and one optimizer step
+    assert resumed.counters["num_grad_updates"] >= 8 and resumed.counters["num_grad_updates"] > first.counters[
+        "num_grad_updates"]
+    assert resumed.counters["num_env_steps_sampled"] == 10 * resumed.counters["num_grad_updates"]

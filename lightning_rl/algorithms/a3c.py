@@ -24,7 +24,8 @@ from lightning_rl.nn.models import ActorCritic
 
 
 class A3C(RLModule):
-    """A3C: each training iteration applies one gradient packet from a sampler worker.
+    """A3C: each training iteration applies the gradient packets that arrived from the sampler
+    workers (at least one, at most one per worker), each with its own optimizer step.
 
     A worker samples ``num_envs * rollout_fragment_length`` env steps with its copy of the
     policy, computes the gradient of A2C's loss on them (``functional.a2c_loss``: ``pg_loss +
@@ -125,12 +126,13 @@ class A3C(RLModule):
         optimizer = self.policy_optimizer(policy_id)
         lr = self.set_lr(self.current(self.lr_points, self.lr), optimizer)
         params = list(self.policies[policy_id].parameters())
-        for flat in batch.policy_batches[policy_id][GRADS]:
+        packets = batch.policy_batches[policy_id][GRADS]
+        for flat, worker, worker_stats in zip(packets, batch.info["workers"], batch.info["worker_stats"]):
             if not torch.isfinite(flat).all():
                 raise NonFiniteLossError(
-                    f"non-finite gradient from sampler worker {batch.info.get('worker', 0)} at iteration "
-                    f"{self.counters['num_iterations']} (worker's loss terms: {batch.info['worker_stats']}); "
-                    "the weights were not stepped"
+                    f"non-finite gradient from sampler worker {worker} at iteration "
+                    f"{self.counters['num_iterations']} (its loss terms: {worker_stats}); the weights were not "
+                    "stepped with it"
                 )
             flat = flat.to(self.device)
             offset = 0
@@ -143,6 +145,6 @@ class A3C(RLModule):
             optimizer.step()
             self.counters["num_grad_updates"] += 1
             builder.add_learn_on_batch_results(
-                {LEARNER_STATS_KEY: {**batch.info["worker_stats"], **stats, "cur_lr": lr}}, policy_id
+                {LEARNER_STATS_KEY: {**worker_stats, **stats, "cur_lr": lr}}, policy_id
             )
         return int(batch.info["rows"])

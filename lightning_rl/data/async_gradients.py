@@ -10,6 +10,7 @@ the learner applied what was in it (``hold_slots``: one slot per worker).
 
 from __future__ import annotations
 
+import queue
 from typing import Any
 
 import torch
@@ -60,13 +61,14 @@ class GradientTask(FragmentTask):
 
 
 class A3CDataModule(AsyncSamplingDataModule):
-    """Gradient packets from sampler workers, one per training iteration (see the module
-    docstring). A batch's policy batch holds ``grads`` ``[1, num_params]``; its ``info`` the
-    worker's loss terms (``worker_stats``), the rows the gradient came from (``rows``) and the
-    weights version it was computed with (``policy_version``). Before handing out the next
-    packet the learner's new weights are written for the workers and the previous packet's
-    slot goes back to its worker, which so computes its next gradient with weights that hold
-    its own last update.
+    """Gradient packets from sampler workers (see the module docstring): each training
+    iteration gets the next packet (waiting for one) and every other one already there, at
+    most one per worker. A batch's policy batch holds ``grads`` ``[K, num_params]``; its
+    ``info`` per packet the worker (``workers``), its loss terms (``worker_stats``) and the
+    weights version it was computed with (``policy_version``), and the rows trained on
+    (``rows``). Before the next packets are handed out the learner's new weights are written
+    for the workers and the applied packets' slots go back to their workers, which so compute
+    their next gradient with weights that hold their own last update.
 
     Args:
         gamma, lambda_, vf_loss_coeff, entropy_coeff: the workers' loss (``GradientTask``).
@@ -101,6 +103,7 @@ class A3CDataModule(AsyncSamplingDataModule):
             check_finite=check_finite, policy_id=policy_id,
         )
         self.gradient_task = GradientTask(gamma, lambda_, vf_loss_coeff, entropy_coeff)
+        self._ready = queue.Queue(maxsize=max(num_workers, 1))  # at most one packet per worker is in flight
         self._applied: list[tuple[int, tuple[int, int]]] = []  # (worker, (slot, incarnation)) of packets handed out
 
     def task(self, index: int) -> FragmentTask:
@@ -108,11 +111,27 @@ class A3CDataModule(AsyncSamplingDataModule):
 
     def _assemble(self, fragments: list[_Fragment], info: dict[str, Any], perf: dict[str, float]) -> MultiAgentBatch:
         (fragment,) = fragments  # one packet per batch
-        info.update(perf=perf, agent_steps_sampled=self.train_batch_size, worker_stats=fragment.extra["stats"],
-                    rows=fragment.extra["rows"], worker=fragment.index, slot=fragment.extra.get("slot"))
+        info.update(perf=perf, agent_steps_sampled=self.train_batch_size, worker_stats=[fragment.extra["stats"]],
+                    rows=fragment.extra["rows"], workers=[fragment.index], slots=[fragment.extra.get("slot")])
         info[POLICY_VERSION] = torch.tensor([fragment.version])
         batch = SampleBatch({GRADS: fragment.tensors[GRADS][None]})
         return MultiAgentBatch({self.policy_id: batch}, env_steps=self.train_batch_size, info=info)
+
+    @staticmethod
+    def _merge(batches: list[MultiAgentBatch]) -> MultiAgentBatch:
+        """Several packets' batches as one (the first one's perf)."""
+        if len(batches) == 1:
+            return batches[0]
+        infos = [b.info for b in batches]
+        info = {**infos[0], POLICY_VERSION: torch.cat([i[POLICY_VERSION] for i in infos])}
+        for key in ("worker_stats", "workers", "slots", "episode_returns", "episode_lengths"):
+            info[key] = [x for i in infos for x in i.get(key, [])]
+        for key in ("rows", "agent_steps_sampled", "sample_time_s"):
+            info[key] = sum(i.get(key, 0) for i in infos)
+        grads = torch.cat([b.policy_batches[pid][GRADS] for b in batches for pid in b.policy_batches])
+        (policy_id,) = batches[0].policy_batches
+        return MultiAgentBatch({policy_id: SampleBatch({GRADS: grads})}, env_steps=sum(b.env_steps for b in batches),
+                               info=info)
 
     def _batch_versions(self, batch: MultiAgentBatch) -> torch.Tensor:
         return batch.info[POLICY_VERSION]
@@ -126,10 +145,16 @@ class A3CDataModule(AsyncSamplingDataModule):
                 for worker, (slot, incarnation) in self._applied:
                     self.release(worker, slot, incarnation)
                 self._applied = []
-        batch = self._next_batch()
-        if batch.info["slot"] is not None:
-            self._applied.append((batch.info["worker"], batch.info["slot"]))
-        # Staleness: learner iterations (= applied packets) since the weights the gradient was computed with.
-        lag = float(int(self.module.counters["num_iterations"]) - int(batch.info[POLICY_VERSION][0]))
-        batch.info["perf"] = {**batch.info["perf"], "policy_lag_mean": lag, "policy_lag_max": lag}
+        batches = [self._next_batch()]
+        while len(batches) < self.num_workers:  # and the packets already there (each from another worker)
+            try:
+                batches.append(self._ready.get_nowait())
+            except queue.Empty:
+                break
+        batch = self._merge(batches)
+        self._applied += [(w, s) for w, s in zip(batch.info["workers"], batch.info["slots"]) if s is not None]
+        # Staleness: learner iterations since the weights each gradient was computed with.
+        lag = (int(self.module.counters["num_iterations"]) - batch.info[POLICY_VERSION]).float()
+        batch.info["perf"] = {**batch.info["perf"], "policy_lag_mean": float(lag.mean()),
+                              "policy_lag_max": float(lag.max()), "packets_per_iteration": float(len(batches))}
         return batch
