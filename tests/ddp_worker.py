@@ -6,7 +6,7 @@ MODE ``check``: a few iterations of PPO CartPole (with an adaptive KL coefficien
 ``learn``: the 100k-step learning run; ``uneven``: an env whose episodes end on rank 0 only;
 ``dqn``, ``dqn_uneven`` (the configuration where "enough data" used to differ between ranks),
 ``sac``, ``a2c``, ``impala``, ``appo``, ``apex``: the other algorithms (the async ones with a
-sampler worker per rank); ``resume-ALGO-PHASE`` (ALGO ``ppo``/``dqn``, PHASE
+sampler worker per rank); ``resume-ALGO-PHASE`` (ALGO ``ppo``/``dqn``/``apex``, PHASE
 ``full``: 8192 global env steps, ``first``: the first 4096 then a checkpoint in OUT_DIR,
 ``second``: resume from that checkpoint to 8192).
 """
@@ -87,6 +87,10 @@ RESUME = {
     "dqn": (DQN, dict(env="CartPole-v1", num_envs=2, learning_starts=256, train_freq=32, num_gradient_steps=4,
                       train_batch_size=32, buffer_size=3000, hiddens=(32,), prioritized_replay=True,
                       target_network_update_freq=256, iterations_per_epoch=16)),
+    # sampling in the learner process (num_workers=0): each rank's envs, replay and n-step windows resume
+    "apex": (APEX, dict(env="CartPole-v1", num_workers=0, num_envs=4, rollout_fragment_length=16,
+                        learning_starts=256, num_gradient_steps=4, train_batch_size=32, buffer_size=3000,
+                        hiddens=(32,), target_network_update_freq=512, iterations_per_epoch=16)),
 }
 
 
@@ -129,7 +133,7 @@ def main(out: Path, mode: str) -> None:
         cls, kwargs = RESUME[algo]
         model = cls(**kwargs, seed=0, total_env_steps=8192)
         if phase == "first":
-            trainer_kwargs["max_epochs"] = 2  # 2 epochs of 8 (ppo) or 16 (dqn) iterations: 4096 global env steps
+            trainer_kwargs["max_epochs"] = 2  # 2 epochs of 8 (ppo) or 16 (dqn, apex) iterations: 4096 global env steps
         elif phase == "second":
             ckpt_path = out / "half.ckpt"
     else:  # "check", and "compile": the same run with compiled update steps
@@ -148,7 +152,8 @@ def main(out: Path, mode: str) -> None:
         trainer.save_checkpoint(out / "half.ckpt")  # every rank takes part: each one's sampler state is gathered
     params = torch.cat([p.detach().flatten() for p in model.parameters()])
     dm_state = model.default_datamodule.state_dict()  # kept at teardown, gathered over ranks
-    ranks = dm_state.get("ranks") or []  # async sampling keeps no env state of its workers
+    # async sampling keeps its learner-process sampler's state under "local" (none of its workers')
+    ranks = dm_state.get("ranks") or (dm_state.get("local") or {}).get("ranks") or []
     last_obs = ranks[trainer.global_rank]["obs"].tolist() if trainer.global_rank == 0 and ranks else None
     (out / f"rank{trainer.global_rank}.json").write_text(json.dumps({
         "buffer_obs": recorder.buffer_obs,

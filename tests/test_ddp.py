@@ -136,7 +136,7 @@ def test_algorithm_runs_under_plain_ddp(tmp_path, mode):
     assert r0["first_obs"] != r1["first_obs"]
 
 
-@pytest.fixture(scope="module", params=["ppo", "dqn"])
+@pytest.fixture(scope="module", params=["ppo", "dqn", "apex"])
 def resumed_runs(request, tmp_path_factory):
     algo = request.param
     full = run_ddp(tmp_path_factory.mktemp(f"{algo}_full"), f"resume-{algo}-full", timeout=300)

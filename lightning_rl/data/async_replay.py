@@ -25,6 +25,7 @@ from lightning_rl.data.base import rank_seed
 from lightning_rl.data.envs import EnvSpec
 from lightning_rl.data.replay_buffer import ReplayBuffer, TransitionReplayBuffer
 from lightning_rl.data.rollout import RolloutDataModule
+from lightning_rl.data.sum_tree import ProportionalPriorities
 from lightning_rl.functional import double_q_target
 
 __all__ = ["ApexDataModule", "NStepPriorityTask", "worker_epsilons"]
@@ -81,10 +82,8 @@ class NStepPriorityTask(FragmentTask):
         return {"epsilon": self.epsilon}
 
     def columns(self, policy: nn.Module, sampler: RolloutDataModule) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-        windows = self.windows()
         rows = (self.rollout_fragment_length + self.n_step) * self.num_envs  # the most one fragment completes
-        probe = windows._transitions(np.zeros(1, dtype=np.int64))
-        self._windows = None
+        probe = _NStepWindows(*self.spaces, 1, 1, self.n_step, self.gamma)._transitions(np.zeros(1, dtype=np.int64))
         cols = {k: ((rows, *v.shape[1:]), v.dtype) for k, v in probe.items() if k in TransitionReplayBuffer.COLUMNS}
         cols[TD_ERROR] = ((rows,), torch.float32)
         return cols
@@ -170,9 +169,8 @@ class ApexDataModule(AsyncSamplingDataModule):
             restart_failed_workers=restart_failed_workers, vectorization=vectorization, seed=seed,
             iterations_per_epoch=iterations_per_epoch, check_finite=check_finite, policy_id=policy_id,
         )
-        ReplayBuffer.check_config(n_step + 2, 1, n_step, gamma)
-        TransitionReplayBuffer(1, gym.spaces.Discrete(2), gym.spaces.Discrete(2), prioritized_replay_alpha,
-                               prioritized_replay_eps)  # validates alpha and eps
+        ReplayBuffer.check_config(n_step + 2, 1, n_step, gamma)  # n_step and gamma
+        ProportionalPriorities(1, prioritized_replay_alpha, prioritized_replay_eps)  # alpha and eps
         if learning_starts < 0:
             raise ValueError(f"learning_starts must be >= 0, got {learning_starts}")
         self.buffer_size, self.learning_starts = buffer_size, learning_starts
@@ -197,8 +195,8 @@ class ApexDataModule(AsyncSamplingDataModule):
         return self._new_task(index)
 
     def _new_task(self, index: int) -> NStepPriorityTask:
-        space = self.module
-        return NStepPriorityTask(space.observation_space, space.action_space, self.num_envs,
+        module = self.module
+        return NStepPriorityTask(module.observation_space, module.action_space, self.num_envs,
                                  self.rollout_fragment_length, self.n_step, self.gamma, self.epsilons[index])
 
     def setup(self, stage: str) -> None:
