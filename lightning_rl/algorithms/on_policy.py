@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -12,6 +12,7 @@ from torch import Tensor
 from lightning_rl.algorithms.base import RLModule, Schedule, check_gamma, check_positive, resolve_schedule
 from lightning_rl.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
 from lightning_rl.data.envs import EnvSpec
+from lightning_rl.data.multi_agent import MultiAgentRolloutDataModule
 from lightning_rl.data.rollout import RolloutDataModule
 from lightning_rl.distributed import sum_over_ranks
 from lightning_rl.functional import gae_batch, moments, standardized
@@ -59,16 +60,26 @@ class OnPolicyModule(RLModule):
         activation: str,
         vf_share_layers: bool,
         log_std_init: float,
+        policies: Sequence[str] | dict[str, dict[str, Any]] | None = None,
+        policy_mapping_fn: Callable[[str], str] | None = None,
+        policies_to_train: Sequence[str] | None = None,
     ) -> None:
         super().__init__(
             env=env, total_env_steps=total_env_steps, seed=seed, num_cpu_threads=num_cpu_threads,
             cpu_affinity=cpu_affinity, evaluation_interval=evaluation_interval,
-            evaluation_num_episodes=evaluation_num_episodes, compile=compile,
+            evaluation_num_episodes=evaluation_num_episodes, compile=compile, policies=policies,
+            policy_mapping_fn=policy_mapping_fn, policies_to_train=policies_to_train,
         )
-        self.default_datamodule = RolloutDataModule(
-            env, num_envs, rollout_fragment_length, vectorization, seed, iterations_per_epoch, sampling_device,
-            check_finite,
-        )
+        if self.multi_agent:
+            self.default_datamodule = MultiAgentRolloutDataModule(
+                env, self.policy_mapping_fn, num_envs, rollout_fragment_length, seed, iterations_per_epoch,
+                sampling_device,
+            )
+        else:
+            self.default_datamodule = RolloutDataModule(
+                env, num_envs, rollout_fragment_length, vectorization, seed, iterations_per_epoch, sampling_device,
+                check_finite,
+            )
         check_positive(lr=lr, grad_clip=grad_clip, num_sgd_iter=num_sgd_iter, sgd_minibatch_size=sgd_minibatch_size)
         check_gamma(gamma)
         if not 0.0 <= lambda_ <= 1.0:
@@ -85,13 +96,16 @@ class OnPolicyModule(RLModule):
         self.grad_clip = grad_clip
         self.standardize_fields = tuple(standardize_fields)
         self.num_sgd_iter = num_sgd_iter
+        self.sgd_minibatch_size = sgd_minibatch_size
         self.num_minibatches = math.ceil(self.train_batch_size / sgd_minibatch_size)
+        defaults = dict(hiddens=hiddens, activation=activation, vf_share_layers=vf_share_layers,
+                        log_std_init=log_std_init)
         with torch.random.fork_rng():
             if seed is not None:
                 torch.manual_seed(seed)
-            self.policies[DEFAULT_POLICY_ID] = ActorCritic(
-                self.observation_space, self.action_space, hiddens, activation, vf_share_layers, log_std_init
-            )
+            for policy_id, (obs_space, action_space) in self.policy_spaces.items():
+                settings = {**defaults, **self.policy_config[policy_id]}  # per-policy hiddens etc.
+                self.policies[policy_id] = ActorCritic(obs_space, action_space, **settings)
 
     @property
     def policy(self) -> ActorCritic:
@@ -130,11 +144,23 @@ class OnPolicyModule(RLModule):
         schedule never recompiles)."""
         return {}
 
-    def padded_minibatch(self, batch: SampleBatch, rows: Tensor) -> SampleBatch:
-        """``rows`` of ``batch`` padded to ``ceil(train_batch_size / num_minibatches)`` rows with a
-        0/1 ``mask``: the compiled step sees one shape whatever the rollout dropped (reset steps),
-        so it compiles once, with static kernels (exact resume, no shape guards)."""
-        size = -(-self.train_batch_size // self.num_minibatches)
+    def minibatch_plan(self, rows: int) -> tuple[int, int]:
+        """``(minibatches per epoch, padded minibatch size)`` for a policy batch of ``rows``.
+        Single-agent: fixed by the train batch (the rollout drops only reset steps). Multi-agent,
+        where a policy's rows vary with its agents: ``ceil(rows / sgd_minibatch_size)`` of at
+        most ``sgd_minibatch_size`` (``minibatches_per_epoch`` when an algorithm fixes it)."""
+        if not self.multi_agent:
+            return self.num_minibatches, -(-self.train_batch_size // self.num_minibatches)
+        if self.minibatches_per_epoch is not None:
+            return self.minibatches_per_epoch, -(-rows // self.minibatches_per_epoch)
+        return max(1, math.ceil(rows / self.sgd_minibatch_size)), self.sgd_minibatch_size
+
+    minibatches_per_epoch: int | None = None  # A2C: 1, one step on the whole batch
+
+    def padded_minibatch(self, batch: SampleBatch, rows: Tensor, size: int) -> SampleBatch:
+        """``rows`` of ``batch`` padded to ``size`` rows with a 0/1 ``mask``: the compiled step
+        sees one shape whatever the rollout dropped (reset steps), so it compiles once, with
+        static kernels (exact resume, no shape guards)."""
         pad = size - rows.numel()
         mask = torch.ones(size, device=rows.device)
         if pad > 0:
@@ -165,10 +191,11 @@ class OnPolicyModule(RLModule):
         step = self.update_step(f"loss/{policy_id}", dict(self.policies[policy_id].named_parameters()), optimizer,
                                 policy_loss(self.loss, policy_id), self.grad_clip)
         scalars = self.loss_scalars(policy_id)
+        num_minibatches, size = self.minibatch_plan(batch.count)
         for _ in range(self.num_sgd_iter):
             order = torch.randperm(batch.count, generator=self.shuffle_generator).to(self.device)
-            for rows in order.tensor_split(self.num_minibatches):
-                minibatch = self.padded_minibatch(batch, rows) if step.compiled else batch.select(rows)
+            for rows in order.tensor_split(num_minibatches):
+                minibatch = self.padded_minibatch(batch, rows, size) if step.compiled else batch.select(rows)
                 stats = step(minibatch, scalars)
                 self.counters["num_grad_updates"] += 1
                 builder.add_learn_on_batch_results({LEARNER_STATS_KEY: {**stats, "cur_lr": lr}}, policy_id)
