@@ -53,3 +53,18 @@ class Relay(ParallelEnv):
         obs = {a: self._obs(a) for a in set(actions) | set(live)}
         self.agents = live
         return obs, rewards, terminations, truncations, {a: {} for a in obs}
+
+
+def by_agent(agent: str) -> str:
+    """Each agent its own policy, ``p_<agent>``."""
+    return "p_" + agent
+
+
+class RankRelay(Relay):
+    """Relay whose helper joins only in envs reset with a seed below 1000: under DDP (env seeds
+    ``seed + 1000 * rank``) only rank 0 has helper rows."""
+
+    def reset(self, seed=None, options=None):
+        if seed is not None:
+            self.join_at = 2 if seed < 1000 else 10**9
+        return super().reset(seed=seed, options=options)

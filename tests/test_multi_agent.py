@@ -13,13 +13,9 @@ import torch
 
 from lightning_rl import A2C, PPO
 from tests.conftest import quiet_trainer
-from tests.multi_agent_envs import Relay
+from tests.multi_agent_envs import Relay, by_agent
 
 pytest.importorskip("pettingzoo")
-
-
-def by_agent(agent: str) -> str:
-    return "p_" + agent
 
 
 def relay_ppo(**kwargs) -> PPO:
