@@ -179,3 +179,20 @@ def test_evaluation_plays_team_episodes_with_each_agents_policy():
     trainer = quiet_trainer(max_epochs=1, limit_train_batches=2)
     trainer.fit(model)
     assert 68 <= float(trainer.callback_metrics["val/episode_return_mean"]) <= 72
+
+
+def test_resume_is_bit_exact_for_a_single_process_multi_agent_run(tmp_path):
+    """Stopped after epoch 1 (mid-episode: 10-step fragments, 6-step episodes), checkpointed and
+    resumed: counters, both policies' weights and the envs continue as in an uninterrupted run."""
+    full = relay_ppo()
+    quiet_trainer(max_epochs=2, limit_train_batches=3, default_root_dir=tmp_path / "full").fit(full)
+    first = relay_ppo()
+    trainer = quiet_trainer(max_epochs=1, limit_train_batches=3, default_root_dir=tmp_path)
+    trainer.fit(first)
+    trainer.save_checkpoint(tmp_path / "mid.ckpt")
+    resumed = relay_ppo()
+    quiet_trainer(max_epochs=2, limit_train_batches=3, default_root_dir=tmp_path).fit(
+        resumed, ckpt_path=tmp_path / "mid.ckpt")
+    assert resumed.counters == full.counters and resumed.counters["num_iterations"] == 6
+    for x, y in zip(resumed.parameters(), full.parameters()):
+        torch.testing.assert_close(x, y, rtol=0, atol=0)

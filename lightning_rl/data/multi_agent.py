@@ -12,6 +12,7 @@ of every agent mapped to it, GAE computed along each agent's own trajectory.
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -20,7 +21,9 @@ import numpy as np
 import torch
 
 from lightning_rl.batch import MultiAgentBatch, SampleBatch
+from lightning_rl.checkpoint import pack_rank_states, unpack_rank_state
 from lightning_rl.data.base import EnvDataModule, rank_seed
+from lightning_rl.data.env_state import UnsupportedEnvState, capture_env_state, restore_env_state
 from lightning_rl.functional import gae
 
 __all__ = ["MultiAgentRolloutDataModule", "agent_spaces", "is_multi_agent_env", "make_parallel_env", "policy_spaces"]
@@ -163,19 +166,55 @@ class MultiAgentRolloutDataModule(EnvDataModule):
         self.envs = self.par_envs  # what "set up" means to the base class
 
     def close(self, terminate: bool = False) -> None:
+        if not self.par_envs:
+            return
+        try:  # what a checkpoint taken after fit must hold (as the base class keeps it)
+            self._state_at_teardown = pack_rank_states(self.local_state(), interrupted=terminate)
+        except Exception:
+            if not terminate:
+                raise
+            self._state_at_teardown = {}
         for env in self.par_envs:
             env.close()
         self.par_envs = []
         self.envs = None
 
-    def teardown(self, stage: str) -> None:
-        self.close()
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
+    # ------------------------------------------------------------ checkpoints
+    def local_state(self) -> dict[str, Any]:
+        """This process's sampler state as plain data (``env_state.capture_env_state`` per env:
+        PettingZoo envs whose state lives in Python objects resume exactly). Taken between
+        iterations, when no agent trajectory is open."""
+        try:
+            envs: Any = [capture_env_state(env) for env in self.par_envs]
+        except UnsupportedEnvState as err:
+            envs = {"unsupported": str(err)}
+        return {
+            "generator": self.generator.get_state(),
+            "envs": envs,
+            "obs": [{a: torch.as_tensor(np.asarray(o)) for a, o in obs.items()} for obs in self._obs],
+            "returns": [dict(r) for r in self._returns],
+            "lengths": list(self._lengths),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
+        """Restore this rank's envs, observations and RNG (call after ``setup``); envs whose state
+        was not captured restart from fresh episodes, with a warning."""
+        if not state or not self.par_envs:
+            return
+        world_size = self.trainer.world_size if self.trainer is not None else 1
+        mine = unpack_rank_state(state, self.rank, world_size, "envs")
+        if mine is None:
+            return
+        if isinstance(mine["envs"], dict):
+            warnings.warn(f"the checkpoint holds no env state ({mine['envs']['unsupported']}): the envs continue "
+                          "from where they are, so the run will not match an uninterrupted one exactly", stacklevel=2)
+            return
+        self.generator.set_state(mine["generator"])
+        for env, env_state in zip(self.par_envs, mine["envs"]):
+            restore_env_state(env, env_state)
+        self._obs = [{a: o.numpy().copy() for a, o in obs.items()} for obs in mine["obs"]]
+        self._returns = [dict(r) for r in mine["returns"]]
+        self._lengths = list(mine["lengths"])
 
     # ------------------------------------------------------------ sampling
     def sample(self) -> MultiAgentBatch:
