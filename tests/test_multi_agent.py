@@ -196,3 +196,13 @@ def test_resume_is_bit_exact_for_a_single_process_multi_agent_run(tmp_path):
     assert resumed.counters == full.counters and resumed.counters["num_iterations"] == 6
     for x, y in zip(resumed.parameters(), full.parameters()):
         torch.testing.assert_close(x, y, rtol=0, atol=0)
+
+
+def test_each_policys_return_is_logged_beside_the_team_return():
+    model = relay_ppo()
+    trainer = quiet_trainer(max_epochs=1, limit_train_batches=5, log_every_n_steps=1)
+    trainer.fit(model)
+    m = trainer.callback_metrics
+    runner, helper = float(m["rollout/policy_return_mean/p_runner"]), float(m["rollout/policy_return_mean/p_helper"])
+    assert 10 <= runner <= 12 and 58 <= helper <= 60  # 1+2+3+4 (+0.5 per action 1); 13+14+15+16 (+ ...)
+    assert float(m["rollout/episode_return_mean"]) == pytest.approx(runner + helper)
