@@ -206,3 +206,26 @@ def test_each_policys_return_is_logged_beside_the_team_return():
     runner, helper = float(m["rollout/policy_return_mean/p_runner"]), float(m["rollout/policy_return_mean/p_helper"])
     assert 10 <= runner <= 12 and 58 <= helper <= 60  # 1+2+3+4 (+0.5 per action 1); 13+14+15+16 (+ ...)
     assert float(m["rollout/episode_return_mean"]) == pytest.approx(runner + helper)
+
+
+def test_a_mapping_given_as_a_table_reloads_from_the_checkpoint_and_a_function_must_be_given_again(tmp_path):
+    table = {"runner": "p_runner", "helper": "p_helper"}
+    model = relay_ppo(policy_mapping_fn=table)
+    trainer = quiet_trainer(max_epochs=1, limit_train_batches=1, default_root_dir=tmp_path)
+    trainer.fit(model)
+    trainer.save_checkpoint(tmp_path / "table.ckpt")
+    loaded = PPO.load_from_checkpoint(tmp_path / "table.ckpt", env=Relay)
+    assert loaded.policy_mapping_fn("helper") == "p_helper"
+    for x, y in zip(loaded.parameters(), model.parameters()):
+        assert torch.equal(x, y)
+    with pytest.raises(ValueError, match="'intruder' is not in policy_mapping_fn"):
+        loaded.policy_mapping_fn("intruder")
+
+    model = relay_ppo()  # a function: kept as a placeholder, to be passed again
+    trainer = quiet_trainer(max_epochs=1, limit_train_batches=1, default_root_dir=tmp_path)
+    trainer.fit(model)
+    trainer.save_checkpoint(tmp_path / "fn.ckpt")
+    with pytest.raises(ValueError, match=r"policy_mapping_fn=<callable tests\.multi_agent_envs\.by_agent>"):
+        PPO.load_from_checkpoint(tmp_path / "fn.ckpt", env=Relay)
+    assert PPO.load_from_checkpoint(tmp_path / "fn.ckpt", env=Relay, policy_mapping_fn=by_agent).policies.keys() \
+        == model.policies.keys()

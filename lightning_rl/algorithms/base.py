@@ -97,6 +97,19 @@ def check_gamma(gamma: float) -> None:
         raise ValueError(f"gamma must be in (0, 1], got {gamma}")
 
 
+class MappingTable:
+    """A ``policy_mapping_fn`` given as ``{agent_id: policy_id}``; an agent not in it is an error."""
+
+    def __init__(self, table: dict[str, str]) -> None:
+        self.table = dict(table)
+
+    def __call__(self, agent_id: str) -> str:
+        try:
+            return self.table[agent_id]
+        except KeyError:
+            raise ValueError(f"agent {agent_id!r} is not in policy_mapping_fn {self.table}") from None
+
+
 def default_policy_mapping(agent_id: str) -> str:
     """Every agent acts with the one default policy (parameter sharing)."""
     return DEFAULT_POLICY_ID
@@ -160,12 +173,15 @@ class RLModule(pl.LightningModule):
         evaluation_num_episodes: int,
         compile: bool = False,
         policies: Sequence[str] | dict[str, dict[str, Any]] | None = None,
-        policy_mapping_fn: Callable[[str], str] | None = None,
+        policy_mapping_fn: Callable[[str], str] | dict[str, str] | None = None,
         policies_to_train: Sequence[str] | None = None,
     ) -> None:
         super().__init__()
         self.automatic_optimization = False
         check_not_placeholder("env", env)
+        check_not_placeholder("policy_mapping_fn", policy_mapping_fn)
+        if isinstance(policy_mapping_fn, dict):  # plain data: a checkpoint keeps it and reloads it
+            policy_mapping_fn = MappingTable(policy_mapping_fn)
         if total_env_steps is not None and total_env_steps < 1:
             raise ValueError(f"total_env_steps must be >= 1 or None, got {total_env_steps}")
         check_positive(evaluation_interval=evaluation_interval, evaluation_num_episodes=evaluation_num_episodes)
