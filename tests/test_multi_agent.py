@@ -229,3 +229,11 @@ def test_a_mapping_given_as_a_table_reloads_from_the_checkpoint_and_a_function_m
         PPO.load_from_checkpoint(tmp_path / "fn.ckpt", env=Relay)
     assert PPO.load_from_checkpoint(tmp_path / "fn.ckpt", env=Relay, policy_mapping_fn=by_agent).policies.keys() \
         == model.policies.keys()
+
+
+def test_algorithms_without_multi_agent_support_say_so():
+    from lightning_rl import DQN, IMPALA
+
+    for algo in (DQN, IMPALA):
+        with pytest.raises(ValueError, match=f"{algo.__name__} does not take multi-agent"):
+            algo(env=Relay)

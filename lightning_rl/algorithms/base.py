@@ -194,6 +194,8 @@ class RLModule(pl.LightningModule):
         self.compile = bool(compile)
         self._update_steps: dict[str, UpdateStep] = {}  # built once per fit
         self.multi_agent = is_multi_agent_env(env)
+        if self.multi_agent and not self.supports_multi_agent:
+            raise ValueError(f"{type(self).__name__} does not take multi-agent (PettingZoo) envs yet; PPO and A2C do")
         if isinstance(policies, dict):
             self.policy_config = {pid: dict(cfg or {}) for pid, cfg in policies.items()}
         else:
@@ -225,6 +227,8 @@ class RLModule(pl.LightningModule):
         self._weights_version = 0
         self._pending_datamodule_state: dict[str, Any] | None = None
         self._resumed_without_sampler_state = False
+
+    supports_multi_agent = False  # algorithms whose sampler and learner handle several policies set it
 
     def save_hyperparameters(self, *args: Any, ignore: Sequence[str] | str | None = None, frame: Any = None,
                              logger: bool = True) -> None:

@@ -156,6 +156,7 @@ class OnPolicyModule(RLModule):
         return max(1, math.ceil(rows / self.sgd_minibatch_size)), self.sgd_minibatch_size
 
     minibatches_per_epoch: int | None = None  # A2C: 1, one step on the whole batch
+    supports_multi_agent = True
 
     def padded_minibatch(self, batch: SampleBatch, rows: Tensor, size: int, keep: int | None = None) -> SampleBatch:
         """``rows`` of ``batch`` padded to ``size`` rows with a 0/1 ``mask``: the compiled step
