@@ -62,7 +62,9 @@ def is_multi_agent_env(env: Any) -> bool:
     try:
         return isinstance(made, pettingzoo.ParallelEnv | pettingzoo.AECEnv)
     finally:
-        made.close()
+        close = getattr(made, "close", None)  # whatever the factory made (a wrong type is reported later)
+        if callable(close):
+            close()
 
 
 def agent_spaces(env: Callable[[], Any]) -> dict[str, tuple[gym.Space, gym.Space]]:
