@@ -161,6 +161,7 @@ def main(out: Path, mode: str) -> None:
     dm_state = model.default_datamodule.state_dict()  # kept at teardown, gathered over ranks
     # async sampling keeps its learner-process sampler's state under "local" (none of its workers')
     ranks = dm_state.get("ranks") or (dm_state.get("local") or {}).get("ranks") or []
+    ranks = [r for r in ranks if isinstance(r.get("obs"), torch.Tensor)]  # a multi-agent sampler keeps dicts
     last_obs = ranks[trainer.global_rank]["obs"].tolist() if trainer.global_rank == 0 and ranks else None
     (out / f"rank{trainer.global_rank}.json").write_text(json.dumps({
         "buffer_obs": recorder.buffer_obs,
