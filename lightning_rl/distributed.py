@@ -43,6 +43,15 @@ def sum_over_ranks(tensor: Tensor) -> Tensor:
     return total
 
 
+def all_reduce_max(tensor: Tensor) -> Tensor:
+    """Elementwise maximum of ``tensor`` over ranks (itself in one process)."""
+    if world_size() == 1:
+        return tensor
+    out = tensor.clone()
+    torch.distributed.all_reduce(out, op=torch.distributed.ReduceOp.MAX)
+    return out
+
+
 def gather_to_rank_zero(obj: Any) -> list[Any] | None:
     """``[obj of rank 0, obj of rank 1, ...]`` on rank 0, ``None`` elsewhere; ``[obj]`` in one process.
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import gymnasium as gym
 import numpy as np
 import torch
@@ -27,6 +29,8 @@ def evaluate(
     """
     if num_episodes < 1:
         raise ValueError(f"num_episodes must be >= 1, got {num_episodes}")
+    if getattr(module, "multi_agent", False):  # team returns of a PettingZoo env
+        return evaluate_multi_agent(module, env if env is not None else module.env_spec, num_episodes, seed, explore)
     envs = make_vector_env(env if env is not None else module.env_spec, num_episodes, vectorization)
     space = envs.single_action_space
     try:
@@ -43,3 +47,31 @@ def evaluate(
     finally:
         close_vector_env(envs)
     return returns.tolist()
+
+
+@torch.no_grad()
+def evaluate_multi_agent(
+    module: torch.nn.Module, env: Any, num_episodes: int = 10, seed: int | None = None, explore: bool = False
+) -> list[float]:
+    """Team returns (summed over agents) of ``num_episodes`` episodes of a PettingZoo parallel
+    env, each agent acting with the policy ``module.policy_mapping_fn`` names for it."""
+    from lightning_rl.data.multi_agent import make_parallel_env
+
+    returns = []
+    made = make_parallel_env(env)
+    try:
+        for episode in range(num_episodes):
+            obs, _ = made.reset(seed=None if seed is None else seed + episode)
+            total = 0.0
+            while made.agents:
+                actions = {}
+                for agent in made.agents:
+                    action = module.compute_actions(np.asarray(obs[agent]), policy_id=module.policy_mapping_fn(agent),
+                                                    explore=explore)
+                    actions[agent] = action.item() if np.ndim(action) == 0 else action
+                obs, rewards, _, _, _ = made.step(actions)
+                total += float(sum(rewards.values()))
+            returns.append(total)
+    finally:
+        made.close()
+    return returns

@@ -71,8 +71,9 @@ class Recorder(pl.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         self.affinity = affinity()
-        if self.first_obs is None and "default_policy" in batch.policy_batches:
-            self.first_obs = batch.policy_batches["default_policy"]["obs"][:4].tolist()
+        if self.first_obs is None and batch.policy_batches:  # the default policy's, or the first one's
+            policy_batch = batch.policy_batches.get("default_policy") or next(iter(batch.policy_batches.values()))
+            self.first_obs = policy_batch["obs"][:4].tolist()
         elif self.first_obs is None and batch.replay is not None:
             self.first_obs = batch.replay.buffer.state_dict()["obs"][:4].reshape(-1).tolist()
         stats = outputs["learner_info"].get("default_policy", {}).get("learner_stats", {})
@@ -125,6 +126,12 @@ def main(out: Path, mode: str) -> None:
         model = APEX(env="CartPole-v1", num_workers=1, num_envs=2, rollout_fragment_length=10, hiddens=(16,),
                      learning_starts=40, num_gradient_steps=2, train_batch_size=16, target_network_update_freq=64,
                      total_env_steps=2 * 20 * 8, sampler_timeout_s=60.0, **common)
+    elif mode == "multi_agent":  # rank 1's envs never see the helper: its policy has rows on rank 0 only
+        from tests.multi_agent_envs import RankRelay, by_agent
+
+        model = PPO(env=RankRelay, policies=["p_runner", "p_helper"], policy_mapping_fn=by_agent, num_envs=2,
+                    rollout_fragment_length=10, sgd_minibatch_size=8, num_sgd_iter=2, hiddens=(16,),
+                    total_env_steps=2 * 20 * 4, **common)
     elif mode == "uneven":
         model = PPO(env=RankEnv, num_envs=2, rollout_fragment_length=8, sgd_minibatch_size=8,
                     total_env_steps=4 * 32, vectorization="sync", **common)
@@ -154,6 +161,7 @@ def main(out: Path, mode: str) -> None:
     dm_state = model.default_datamodule.state_dict()  # kept at teardown, gathered over ranks
     # async sampling keeps its learner-process sampler's state under "local" (none of its workers')
     ranks = dm_state.get("ranks") or (dm_state.get("local") or {}).get("ranks") or []
+    ranks = [r for r in ranks if isinstance(r.get("obs"), torch.Tensor)]  # a multi-agent sampler keeps dicts
     last_obs = ranks[trainer.global_rank]["obs"].tolist() if trainer.global_rank == 0 and ranks else None
     (out / f"rank{trainer.global_rank}.json").write_text(json.dumps({
         "buffer_obs": recorder.buffer_obs,

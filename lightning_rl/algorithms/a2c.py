@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import torch
@@ -60,6 +60,9 @@ class A2C(OnPolicyModule):
         vf_loss_coeff: float = 0.5,
         entropy_coeff: float = 0.0,
         optimizer: Literal["rmsprop", "adam"] = "rmsprop",
+    policies: Sequence[str] | dict[str, dict[str, Any]] | None = None,
+        policy_mapping_fn: Callable[[str], str] | None = None,
+        policies_to_train: Sequence[str] | None = None,
     ) -> None:
         super().__init__(
             env=env, num_envs=num_envs, rollout_fragment_length=rollout_fragment_length,
@@ -70,13 +73,16 @@ class A2C(OnPolicyModule):
             lr=lr, lr_schedule=lr_schedule, gamma=gamma, lambda_=lambda_,
             num_sgd_iter=1, sgd_minibatch_size=num_envs * rollout_fragment_length,
             grad_clip=grad_clip, standardize_fields=standardize_fields, hiddens=hiddens, activation=activation,
-            vf_share_layers=vf_share_layers, log_std_init=log_std_init,
+            vf_share_layers=vf_share_layers, log_std_init=log_std_init, policies=policies,
+            policy_mapping_fn=policy_mapping_fn, policies_to_train=policies_to_train,
         )
         self.save_hyperparameters()
         if optimizer not in ("rmsprop", "adam"):
             raise ValueError(f"optimizer must be 'rmsprop' or 'adam', got {optimizer!r}")
         self.optimizer_name = optimizer
         self.vf_loss_coeff, self.entropy_coeff = vf_loss_coeff, entropy_coeff
+
+    minibatches_per_epoch = 1  # one step on the whole batch, whatever rows a policy's agents gave
 
     def make_optimizer(self, params: Any) -> torch.optim.Optimizer:
         if self.optimizer_name == "adam":

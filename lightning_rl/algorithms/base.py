@@ -16,7 +16,7 @@ import logging
 import os
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import pairwise
 from typing import Any
 
@@ -41,6 +41,7 @@ from lightning_rl.checkpoint import (
 )
 from lightning_rl.data.base import EnvDataModule, new_generator, rank_seed
 from lightning_rl.data.envs import EnvSpec, env_spaces
+from lightning_rl.data.multi_agent import agent_spaces, is_multi_agent_env, policy_spaces
 from lightning_rl.distributed import FlatGradients, bypass_ddp_gradient_sync, check_strategy, sum_over_ranks
 from lightning_rl.evaluation import evaluate
 from lightning_rl.functional import piecewise_linear
@@ -94,6 +95,24 @@ def check_positive(**values: float | None) -> None:
 def check_gamma(gamma: float) -> None:
     if not 0.0 < gamma <= 1.0:
         raise ValueError(f"gamma must be in (0, 1], got {gamma}")
+
+
+class MappingTable:
+    """A ``policy_mapping_fn`` given as ``{agent_id: policy_id}``; an agent not in it is an error."""
+
+    def __init__(self, table: dict[str, str]) -> None:
+        self.table = dict(table)
+
+    def __call__(self, agent_id: str) -> str:
+        try:
+            return self.table[agent_id]
+        except KeyError:
+            raise ValueError(f"agent {agent_id!r} is not in policy_mapping_fn {self.table}") from None
+
+
+def default_policy_mapping(agent_id: str) -> str:
+    """Every agent acts with the one default policy (parameter sharing)."""
+    return DEFAULT_POLICY_ID
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -153,10 +172,16 @@ class RLModule(pl.LightningModule):
         evaluation_interval: int | None,
         evaluation_num_episodes: int,
         compile: bool = False,
+        policies: Sequence[str] | dict[str, dict[str, Any]] | None = None,
+        policy_mapping_fn: Callable[[str], str] | dict[str, str] | None = None,
+        policies_to_train: Sequence[str] | None = None,
     ) -> None:
         super().__init__()
         self.automatic_optimization = False
         check_not_placeholder("env", env)
+        check_not_placeholder("policy_mapping_fn", policy_mapping_fn)
+        if isinstance(policy_mapping_fn, dict):  # plain data: a checkpoint keeps it and reloads it
+            policy_mapping_fn = MappingTable(policy_mapping_fn)
         if total_env_steps is not None and total_env_steps < 1:
             raise ValueError(f"total_env_steps must be >= 1 or None, got {total_env_steps}")
         check_positive(evaluation_interval=evaluation_interval, evaluation_num_episodes=evaluation_num_episodes)
@@ -168,11 +193,31 @@ class RLModule(pl.LightningModule):
         self.process_settings = ProcessSettings(num_cpu_threads, cpu_affinity)
         self.compile = bool(compile)
         self._update_steps: dict[str, UpdateStep] = {}  # built once per fit
-        self.observation_space, self.action_space = env_spaces(env)
+        self.multi_agent = is_multi_agent_env(env)
+        if self.multi_agent and not self.supports_multi_agent:
+            raise ValueError(f"{type(self).__name__} does not take multi-agent (PettingZoo) envs yet; PPO and A2C do")
+        if isinstance(policies, dict):
+            self.policy_config = {pid: dict(cfg or {}) for pid, cfg in policies.items()}
+        else:
+            self.policy_config = {pid: {} for pid in (policies or [DEFAULT_POLICY_ID])}
+        if not self.multi_agent and (list(self.policy_config) != [DEFAULT_POLICY_ID] or policy_mapping_fn):
+            raise ValueError("policies and policy_mapping_fn need a multi-agent env (a PettingZoo env factory)")
+        if self.multi_agent:
+            self.policy_mapping_fn = policy_mapping_fn or default_policy_mapping
+            self.policy_spaces = policy_spaces(agent_spaces(env), list(self.policy_config), self.policy_mapping_fn)
+        else:
+            self.policy_mapping_fn = None
+            self.policy_spaces = {DEFAULT_POLICY_ID: env_spaces(env)}
+        # the first policy's spaces: what single-agent code reads
+        self.observation_space, self.action_space = next(iter(self.policy_spaces.values()))
         self.counters: dict[str, int] = dict.fromkeys(COUNTER_NAMES, 0)
         self.global_counters: dict[str, int] = dict(self.counters)
         self.policies = nn.ModuleDict()
-        self.policies_to_train: list[str] = [DEFAULT_POLICY_ID]
+        self.policies_to_train: list[str] = list(policies_to_train or self.policy_config)
+        unknown = [p for p in self.policies_to_train if p not in self.policy_config]
+        if unknown:
+            raise ValueError(f"policies_to_train names {unknown}, which are not among the policies "
+                             f"{list(self.policy_config)}")
         self.shuffle_generator = new_generator(seed)
         self.learner_generator = new_generator(seed)  # moves to the learner's device in setup()
         self.default_datamodule: EnvDataModule | None = None
@@ -182,6 +227,8 @@ class RLModule(pl.LightningModule):
         self._weights_version = 0
         self._pending_datamodule_state: dict[str, Any] | None = None
         self._resumed_without_sampler_state = False
+
+    supports_multi_agent = False  # algorithms whose sampler and learner handle several policies set it
 
     def save_hyperparameters(self, *args: Any, ignore: Sequence[str] | str | None = None, frame: Any = None,
                              logger: bool = True) -> None:
@@ -247,7 +294,7 @@ class RLModule(pl.LightningModule):
         """Actions for a batch ``[N, *obs_shape]`` (or one observation); numpy in, numpy out."""
         is_numpy = not isinstance(obs, Tensor)
         obs_t = torch.as_tensor(np.asarray(obs) if is_numpy else obs)
-        single = tuple(obs_t.shape) == tuple(self.observation_space.shape or ())
+        single = tuple(obs_t.shape) == tuple(self.policy_spaces[policy_id][0].shape or ())
         if single:
             obs_t = obs_t.unsqueeze(0)
         actions = self.policy_outputs(obs_t, policy_id, explore=explore)["actions"]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -12,8 +12,9 @@ from torch import Tensor
 from lightning_rl.algorithms.base import RLModule, Schedule, check_gamma, check_positive, resolve_schedule
 from lightning_rl.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
 from lightning_rl.data.envs import EnvSpec
+from lightning_rl.data.multi_agent import MultiAgentRolloutDataModule
 from lightning_rl.data.rollout import RolloutDataModule
-from lightning_rl.distributed import sum_over_ranks
+from lightning_rl.distributed import all_reduce_max, sum_over_ranks
 from lightning_rl.functional import gae_batch, moments, standardized
 from lightning_rl.learner_info import LEARNER_STATS_KEY, LearnerInfoBuilder
 from lightning_rl.nn.models import ActorCritic
@@ -59,16 +60,26 @@ class OnPolicyModule(RLModule):
         activation: str,
         vf_share_layers: bool,
         log_std_init: float,
+        policies: Sequence[str] | dict[str, dict[str, Any]] | None = None,
+        policy_mapping_fn: Callable[[str], str] | None = None,
+        policies_to_train: Sequence[str] | None = None,
     ) -> None:
         super().__init__(
             env=env, total_env_steps=total_env_steps, seed=seed, num_cpu_threads=num_cpu_threads,
             cpu_affinity=cpu_affinity, evaluation_interval=evaluation_interval,
-            evaluation_num_episodes=evaluation_num_episodes, compile=compile,
+            evaluation_num_episodes=evaluation_num_episodes, compile=compile, policies=policies,
+            policy_mapping_fn=policy_mapping_fn, policies_to_train=policies_to_train,
         )
-        self.default_datamodule = RolloutDataModule(
-            env, num_envs, rollout_fragment_length, vectorization, seed, iterations_per_epoch, sampling_device,
-            check_finite,
-        )
+        if self.multi_agent:
+            self.default_datamodule = MultiAgentRolloutDataModule(
+                env, self.policy_mapping_fn, num_envs, rollout_fragment_length, seed, iterations_per_epoch,
+                sampling_device,
+            )
+        else:
+            self.default_datamodule = RolloutDataModule(
+                env, num_envs, rollout_fragment_length, vectorization, seed, iterations_per_epoch, sampling_device,
+                check_finite,
+            )
         check_positive(lr=lr, grad_clip=grad_clip, num_sgd_iter=num_sgd_iter, sgd_minibatch_size=sgd_minibatch_size)
         check_gamma(gamma)
         if not 0.0 <= lambda_ <= 1.0:
@@ -85,13 +96,16 @@ class OnPolicyModule(RLModule):
         self.grad_clip = grad_clip
         self.standardize_fields = tuple(standardize_fields)
         self.num_sgd_iter = num_sgd_iter
+        self.sgd_minibatch_size = sgd_minibatch_size
         self.num_minibatches = math.ceil(self.train_batch_size / sgd_minibatch_size)
+        defaults = dict(hiddens=hiddens, activation=activation, vf_share_layers=vf_share_layers,
+                        log_std_init=log_std_init)
         with torch.random.fork_rng():
             if seed is not None:
                 torch.manual_seed(seed)
-            self.policies[DEFAULT_POLICY_ID] = ActorCritic(
-                self.observation_space, self.action_space, hiddens, activation, vf_share_layers, log_std_init
-            )
+            for policy_id, (obs_space, action_space) in self.policy_spaces.items():
+                settings = {**defaults, **self.policy_config[policy_id]}  # per-policy hiddens etc.
+                self.policies[policy_id] = ActorCritic(obs_space, action_space, **settings)
 
     @property
     def policy(self) -> ActorCritic:
@@ -130,13 +144,28 @@ class OnPolicyModule(RLModule):
         schedule never recompiles)."""
         return {}
 
-    def padded_minibatch(self, batch: SampleBatch, rows: Tensor) -> SampleBatch:
-        """``rows`` of ``batch`` padded to ``ceil(train_batch_size / num_minibatches)`` rows with a
-        0/1 ``mask``: the compiled step sees one shape whatever the rollout dropped (reset steps),
-        so it compiles once, with static kernels (exact resume, no shape guards)."""
-        size = -(-self.train_batch_size // self.num_minibatches)
+    def minibatch_plan(self, rows: int) -> tuple[int, int]:
+        """``(minibatches per epoch, padded minibatch size)`` for a policy batch of ``rows``.
+        Single-agent: fixed by the train batch (the rollout drops only reset steps). Multi-agent,
+        where a policy's rows vary with its agents: ``ceil(rows / sgd_minibatch_size)`` of at
+        most ``sgd_minibatch_size`` (``minibatches_per_epoch`` when an algorithm fixes it)."""
+        if not self.multi_agent:
+            return self.num_minibatches, -(-self.train_batch_size // self.num_minibatches)
+        if self.minibatches_per_epoch is not None:
+            return self.minibatches_per_epoch, -(-rows // self.minibatches_per_epoch)
+        return max(1, math.ceil(rows / self.sgd_minibatch_size)), self.sgd_minibatch_size
+
+    minibatches_per_epoch: int | None = None  # A2C: 1, one step on the whole batch
+    supports_multi_agent = True
+
+    def padded_minibatch(self, batch: SampleBatch, rows: Tensor, size: int, keep: int | None = None) -> SampleBatch:
+        """``rows`` of ``batch`` padded to ``size`` rows with a 0/1 ``mask``: the compiled step
+        sees one shape whatever the rollout dropped (reset steps), so it compiles once, with
+        static kernels (exact resume, no shape guards). ``keep=0`` masks out every row."""
         pad = size - rows.numel()
         mask = torch.ones(size, device=rows.device)
+        if keep == 0:
+            mask.zero_()
         if pad > 0:
             rows = torch.cat([rows, rows[:1].expand(pad)])
             mask[size - pad:] = 0.0
@@ -145,30 +174,67 @@ class OnPolicyModule(RLModule):
         return minibatch
 
     def learn_on_batch(self, batch: MultiAgentBatch, builder: LearnerInfoBuilder) -> int:
+        counts = [batch.policy_batches[p].count if p in batch.policy_batches else 0 for p in self.policies_to_train]
+        plan_rows = counts
+        if self.multi_agent and self.trainer.world_size > 1:
+            # A policy's rows differ between ranks (its agents come and go): every rank plans its
+            # minibatches from the largest count, so all take the same steps (and all-reduces);
+            # a rank short of rows steps on masked-out padding.
+            local = torch.tensor(counts, dtype=torch.float64, device=self.device)
+            plan_rows = [int(c) for c in all_reduce_max(local).tolist()]
         trained = 0
-        for policy_id in self.policies_to_train:
-            if policy_id in batch.policy_batches:
-                policy_batch = batch.policy_batches[policy_id]
-                self.learn_on_policy_batch(policy_id, policy_batch, builder)
-                trained += policy_batch.count
+        for policy_id, count, rows in zip(self.policies_to_train, counts, plan_rows):
+            if rows == 0:
+                continue
+            policy_batch = batch.policy_batches[policy_id] if count else self.placeholder_batch(policy_id)
+            self.learn_on_policy_batch(policy_id, policy_batch, builder, rows, placeholder=not count)
+            trained += count
         return trained
 
-    def learn_on_policy_batch(self, policy_id: str, batch: SampleBatch, builder: LearnerInfoBuilder) -> None:
-        """``num_sgd_iter`` epochs of shuffled minibatches: loss, backward, clip, step."""
+    def placeholder_batch(self, policy_id: str) -> SampleBatch:
+        """One all-zero row with a zero ``mask``: what a DDP rank without rows of a policy steps on."""
+        obs_space = self.policy_spaces[policy_id][0]
+        with torch.no_grad():
+            obs = torch.zeros((1, *obs_space.shape), dtype=torch.float32, device=self.device)
+            actions = self.policies[policy_id].compute_actions(obs, explore=False)[SampleBatch.ACTIONS]
+        zeros = torch.zeros(1, device=self.device)
+        return SampleBatch({
+            SampleBatch.OBS: obs, SampleBatch.ACTIONS: actions.detach(), SampleBatch.ACTION_LOGP: zeros,
+            SampleBatch.VF_PREDS: zeros, SampleBatch.ADVANTAGES: zeros, SampleBatch.VALUE_TARGETS: zeros,
+            SampleBatch.MASK: zeros,
+        })
+
+    def learn_on_policy_batch(self, policy_id: str, batch: SampleBatch, builder: LearnerInfoBuilder,
+                              plan_rows: int | None = None, placeholder: bool = False) -> None:
+        """``num_sgd_iter`` epochs of shuffled minibatches: loss, backward, clip, step.
+        ``plan_rows``: the rows the minibatches are planned for (multi-agent DDP: the largest
+        count over the ranks); ``placeholder``: ``batch`` stands in for no rows, every
+        minibatch masked out."""
         for field in self.standardize_fields:
             # Under DDP, standardize over the global batch (one all-reduce of three numbers),
-            # so N ranks of B rows train like one process with N * B rows.
-            stats = sum_over_ranks(moments(batch[field])) if self.trainer.world_size > 1 else None
-            batch[field] = standardized(batch[field], moments=stats)
+            # so N ranks of B rows train like one process with N * B rows (a placeholder adds none).
+            if self.trainer.world_size > 1:
+                local = moments(batch[field]) * (0.0 if placeholder else 1.0)
+                batch[field] = standardized(batch[field], moments=sum_over_ranks(local))
+            else:
+                batch[field] = standardized(batch[field])
         optimizer = self.policy_optimizer(policy_id)
         lr = self.set_lr(self.current(self.lr_points, self.lr), optimizer)
         step = self.update_step(f"loss/{policy_id}", dict(self.policies[policy_id].named_parameters()), optimizer,
                                 policy_loss(self.loss, policy_id), self.grad_clip)
         scalars = self.loss_scalars(policy_id)
+        num_minibatches, size = self.minibatch_plan(batch.count if plan_rows is None else plan_rows)
+        pad = step.compiled or (plan_rows is not None and plan_rows != batch.count)
         for _ in range(self.num_sgd_iter):
             order = torch.randperm(batch.count, generator=self.shuffle_generator).to(self.device)
-            for rows in order.tensor_split(self.num_minibatches):
-                minibatch = self.padded_minibatch(batch, rows) if step.compiled else batch.select(rows)
+            for rows in order.tensor_split(num_minibatches):
+                if placeholder or rows.numel() == 0:  # nothing of this policy here this time
+                    minibatch = self.padded_minibatch(batch, torch.zeros(1, dtype=torch.long, device=self.device),
+                                                      size, keep=0)
+                elif pad:
+                    minibatch = self.padded_minibatch(batch, rows, size)
+                else:
+                    minibatch = batch.select(rows)
                 stats = step(minibatch, scalars)
                 self.counters["num_grad_updates"] += 1
                 builder.add_learn_on_batch_results({LEARNER_STATS_KEY: {**stats, "cur_lr": lr}}, policy_id)

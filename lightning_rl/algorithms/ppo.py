@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -10,7 +10,7 @@ from torch import Tensor
 
 from lightning_rl.algorithms.base import Schedule, resolve_schedule
 from lightning_rl.algorithms.on_policy import OnPolicyModule
-from lightning_rl.batch import DEFAULT_POLICY_ID, SampleBatch
+from lightning_rl.batch import SampleBatch
 from lightning_rl.data.envs import EnvSpec
 from lightning_rl.functional import explained_variance, masked_mean, ppo_surrogate_loss, value_loss
 from lightning_rl.update import call
@@ -71,6 +71,9 @@ class PPO(OnPolicyModule):
         entropy_coeff: float = 0.0,
         kl_coeff: float = 0.0,
         kl_target: float = 0.01,
+    policies: Sequence[str] | dict[str, dict[str, Any]] | None = None,
+        policy_mapping_fn: Callable[[str], str] | None = None,
+        policies_to_train: Sequence[str] | None = None,
     ) -> None:
         super().__init__(
             env=env, num_envs=num_envs, rollout_fragment_length=rollout_fragment_length,
@@ -81,7 +84,8 @@ class PPO(OnPolicyModule):
             lr=lr, lr_schedule=lr_schedule, gamma=gamma, lambda_=lambda_,
             num_sgd_iter=num_sgd_iter, sgd_minibatch_size=sgd_minibatch_size,
             grad_clip=grad_clip, standardize_fields=standardize_fields, hiddens=hiddens, activation=activation,
-            vf_share_layers=vf_share_layers, log_std_init=log_std_init,
+            vf_share_layers=vf_share_layers, log_std_init=log_std_init, policies=policies,
+            policy_mapping_fn=policy_mapping_fn, policies_to_train=policies_to_train,
         )
         self.save_hyperparameters()
         if clip_param <= 0 or (vf_clip_param is not None and vf_clip_param <= 0):
@@ -91,7 +95,7 @@ class PPO(OnPolicyModule):
         self.clip_param, self.vf_clip_param = clip_param, vf_clip_param
         self.clip_points = resolve_schedule("clip_param_schedule", clip_param_schedule, clip_param, total_env_steps)
         self.vf_loss_coeff, self.entropy_coeff = vf_loss_coeff, entropy_coeff
-        self.kl_coeff = {DEFAULT_POLICY_ID: float(kl_coeff)}
+        self.kl_coeff = {policy_id: float(kl_coeff) for policy_id in self.policies}
         self.kl_target = kl_target
 
     def loss_scalars(self, policy_id: str) -> dict[str, float]:

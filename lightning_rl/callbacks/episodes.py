@@ -31,6 +31,7 @@ class RolloutMetricsCallback(pl.Callback):
         # Sums since the last logged iteration (per-iteration averages are logged).
         self._episodes, self._sample_s, self._learn_s, self._iterations = 0, 0.0, 0.0, 0
         self._perf: dict[str, tuple[float, int]] = {}
+        self.policy_returns: dict[str, deque[float]] = {}  # multi-agent: each policy's share of the team return
 
     def state_dict(self) -> dict[str, Any]:
         return {"returns": list(self.returns), "lengths": list(self.lengths)}
@@ -57,6 +58,17 @@ class RolloutMetricsCallback(pl.Callback):
             gathered[:, 3].min().item(), gathered[:, 4].max().item(),
         )
 
+    def _policy_return_means(self, pl_module: pl.LightningModule) -> dict[str, float]:
+        """``rollout/policy_return_mean/<policy_id>`` over all ranks' windows: one all_gather of
+        ``[count, sum]`` per policy of the module (the same list on every rank)."""
+        policy_ids = sorted(pl_module.policies)
+        local = torch.tensor([x for pid in policy_ids for x in (len(self.policy_returns.get(pid, ())),
+                                                                 sum(self.policy_returns.get(pid, ())))],
+                             dtype=torch.float64)
+        totals = pl_module.all_gather(local).reshape(-1, len(policy_ids), 2).sum(0)
+        return {f"rollout/policy_return_mean/{pid}": float(total / count)
+                for pid, (count, total) in zip(policy_ids, totals.tolist()) if count > 0}
+
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
@@ -64,6 +76,9 @@ class RolloutMetricsCallback(pl.Callback):
         returns = info.get("episode_returns", [])
         self.returns.extend(returns)
         self.lengths.extend(info.get("episode_lengths", []))
+        for per_policy in info.get("policy_returns", []):
+            for policy_id, value in per_policy.items():
+                self.policy_returns.setdefault(policy_id, deque(maxlen=self.window)).append(value)
         self._episodes += len(returns)
         self._sample_s += info.get("sample_time_s", 0.0)
         self._learn_s += outputs.get("learn_time_s", 0.0) if outputs else 0.0
@@ -81,6 +96,8 @@ class RolloutMetricsCallback(pl.Callback):
             metrics["rollout/episode_return_min"] = ret_min
             metrics["rollout/episode_return_max"] = ret_max
         metrics["rollout/episodes_this_iter"] = self._episodes / self._iterations
+        if getattr(pl_module, "multi_agent", False):
+            metrics.update(self._policy_return_means(pl_module))
         counters = pl_module.global_counters
         for name, value in counters.items():
             metrics[f"counters/{name}"] = float(value)

@@ -1,0 +1,327 @@
+"""Multi-agent sampling over PettingZoo's Parallel API.
+
+``env`` is a zero-argument callable returning a ``pettingzoo.ParallelEnv`` (an AEC env is
+converted with PettingZoo's own ``aec_to_parallel``). Agents may appear and leave within an
+episode; each agent's spaces come from the env. ``policy_mapping_fn(agent_id)`` names the
+policy that acts for an agent; the sampler emits one ``SampleBatch`` per policy with the rows
+of every agent mapped to it, GAE computed along each agent's own trajectory.
+
+``pettingzoo`` is an optional extra (``pip install lightning-rl[multiagent]``).
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from lightning_rl.batch import MultiAgentBatch, SampleBatch
+from lightning_rl.checkpoint import pack_rank_states, unpack_rank_state
+from lightning_rl.data.base import EnvDataModule, rank_seed
+from lightning_rl.data.env_state import UnsupportedEnvState, capture_env_state, restore_env_state
+from lightning_rl.functional import gae
+
+__all__ = ["MultiAgentRolloutDataModule", "agent_spaces", "is_multi_agent_env", "make_parallel_env", "policy_spaces"]
+
+
+def _pettingzoo() -> Any:
+    try:
+        import pettingzoo
+    except ImportError as err:  # pragma: no cover - the tests install it
+        raise ImportError("multi-agent envs need PettingZoo: pip install lightning-rl[multiagent]") from err
+    return pettingzoo
+
+
+def make_parallel_env(env: Callable[[], Any]) -> Any:
+    """One env from a callable returning a PettingZoo ``ParallelEnv`` (or an AEC env, converted)."""
+    pettingzoo = _pettingzoo()
+    made = env()
+    if isinstance(made, pettingzoo.AECEnv):
+        from pettingzoo.utils.conversions import aec_to_parallel
+
+        made = aec_to_parallel(made)
+    if not isinstance(made, pettingzoo.ParallelEnv):
+        raise TypeError(f"env factory {env!r} returned {type(made).__name__}, not a PettingZoo ParallelEnv")
+    return made
+
+
+def is_multi_agent_env(env: Any) -> bool:
+    """Whether ``env`` (an env spec) makes a PettingZoo env (probed once: the factory is called)."""
+    if isinstance(env, str) or not callable(env):
+        return False
+    try:
+        import pettingzoo
+    except ImportError:
+        return False
+    made = env()
+    try:
+        return isinstance(made, pettingzoo.ParallelEnv | pettingzoo.AECEnv)
+    finally:
+        close = getattr(made, "close", None)  # whatever the factory made (a wrong type is reported later)
+        if callable(close):
+            close()
+
+
+def agent_spaces(env: Callable[[], Any]) -> dict[str, tuple[gym.Space, gym.Space]]:
+    """``{agent: (observation_space, action_space)}`` for every possible agent of ``env``."""
+    probe = make_parallel_env(env)
+    try:
+        return {a: (probe.observation_space(a), probe.action_space(a)) for a in probe.possible_agents}
+    finally:
+        probe.close()
+
+
+def policy_spaces(
+    spaces: dict[str, tuple[gym.Space, gym.Space]], policy_ids: list[str], mapping: Callable[[str], str]
+) -> dict[str, tuple[gym.Space, gym.Space]]:
+    """Each policy's spaces: those of the agents mapped to it, which must agree. Clear errors
+    name the agent whose mapping is unknown or whose spaces differ from the policy's."""
+    out: dict[str, tuple[gym.Space, gym.Space]] = {}
+    owner: dict[str, str] = {}
+    for agent, pair in spaces.items():
+        pid = mapping(agent)
+        if pid not in policy_ids:
+            raise ValueError(f"policy_mapping_fn({agent!r}) returned {pid!r}, which is not one of the policies "
+                             f"{policy_ids}")
+        if pid in out and out[pid] != pair:
+            raise ValueError(
+                f"agents {owner[pid]!r} and {agent!r} are both mapped to policy {pid!r} but have different spaces: "
+                f"{out[pid]} vs {pair}; map them to different policies"
+            )
+        out.setdefault(pid, pair)
+        owner.setdefault(pid, agent)
+    unused = [p for p in policy_ids if p not in out]
+    if unused:
+        raise ValueError(f"no agent is mapped to the policies {unused} (agents: {list(spaces)})")
+    return out
+
+
+class _Trajectory:
+    """One agent's rows in one env since its segment started (within a fragment)."""
+
+    __slots__ = ("policy_id", "rows")
+
+    def __init__(self, policy_id: str) -> None:
+        self.policy_id = policy_id
+        self.rows: list[dict[str, Any]] = []
+
+
+class MultiAgentRolloutDataModule(EnvDataModule):
+    """Steps ``num_envs`` copies of a PettingZoo parallel env for ``rollout_fragment_length``
+    steps per iteration and yields one ``SampleBatch`` per policy, post-processed with GAE
+    along each agent's trajectory (bootstrapped from the agent's last observation when its
+    segment was cut by a truncation or by the end of the fragment; not after termination).
+
+    ``batch.env_steps`` counts env steps (``num_envs * rollout_fragment_length``);
+    ``batch.info["agent_steps_sampled"]`` the agents' steps (rows). Episode returns are the
+    team's (summed over agents); ``info["policy_returns"]`` has each policy's summed return of
+    the episodes that ended.
+    """
+
+    def __init__(
+        self,
+        env: Callable[[], Any],
+        policy_mapping_fn: Callable[[str], str],
+        num_envs: int = 1,
+        rollout_fragment_length: int = 32,
+        seed: int | None = None,
+        iterations_per_epoch: int = 10,
+        sampling_device: str = "cpu",
+    ) -> None:
+        super().__init__(env, num_envs, "sync", seed, iterations_per_epoch, sampling_device, check_finite=False)
+        if rollout_fragment_length < 1:
+            raise ValueError(f"rollout_fragment_length must be >= 1, got {rollout_fragment_length}")
+        self.rollout_fragment_length = rollout_fragment_length
+        self.policy_mapping_fn = policy_mapping_fn
+        self.par_envs: list[Any] = []
+
+    @property
+    def train_batch_size(self) -> int:
+        return self.num_envs * self.rollout_fragment_length
+
+    # ------------------------------------------------------------ envs
+    def setup(self, stage: str) -> None:
+        if self.module is None and self.trainer is not None:
+            self.connect(self.trainer.lightning_module)
+        if self.module is None:
+            raise RuntimeError(f"{type(self).__name__} needs a module: call connect(module) or use it with a Trainer")
+        if self.par_envs:
+            return
+        self.rank = self.trainer.global_rank if self.trainer is not None else 0
+        self.par_envs = [make_parallel_env(self.env) for _ in range(self.num_envs)]
+        seed = rank_seed(self.seed, self.rank)
+        if seed is not None:
+            self.generator.manual_seed(seed)
+        self._obs: list[dict[str, Any]] = []
+        for i, env in enumerate(self.par_envs):
+            obs, _ = env.reset(seed=None if seed is None else seed + i)
+            self._obs.append(obs)
+        self._returns = [dict.fromkeys(env.agents, 0.0) for env in self.par_envs]
+        self._lengths = [0] * self.num_envs
+        self._trajectories: dict[tuple[int, str], _Trajectory] = {}
+        self._ended: list[tuple[float, int, dict[str, float]]] = []
+        self.envs = self.par_envs  # what "set up" means to the base class
+
+    def close(self, terminate: bool = False) -> None:
+        if not self.par_envs:
+            return
+        try:  # what a checkpoint taken after fit must hold (as the base class keeps it)
+            self._state_at_teardown = pack_rank_states(self.local_state(), interrupted=terminate)
+        except Exception:
+            if not terminate:
+                raise
+            self._state_at_teardown = {}
+        for env in self.par_envs:
+            env.close()
+        self.par_envs = []
+        self.envs = None
+
+    # ------------------------------------------------------------ checkpoints
+    def local_state(self) -> dict[str, Any]:
+        """This process's sampler state as plain data (``env_state.capture_env_state`` per env:
+        PettingZoo envs whose state lives in Python objects resume exactly). Taken between
+        iterations, when no agent trajectory is open."""
+        try:
+            envs: Any = [capture_env_state(env) for env in self.par_envs]
+        except UnsupportedEnvState as err:
+            envs = {"unsupported": str(err)}
+        return {
+            "generator": self.generator.get_state(),
+            "envs": envs,
+            "obs": [{a: torch.as_tensor(np.asarray(o)) for a, o in obs.items()} for obs in self._obs],
+            "returns": [dict(r) for r in self._returns],
+            "lengths": list(self._lengths),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore this rank's envs, observations and RNG (call after ``setup``); envs whose state
+        was not captured restart from fresh episodes, with a warning."""
+        if not state or not self.par_envs:
+            return
+        world_size = self.trainer.world_size if self.trainer is not None else 1
+        mine = unpack_rank_state(state, self.rank, world_size, "envs")
+        if mine is None:
+            return
+        if isinstance(mine["envs"], dict):
+            warnings.warn(f"the checkpoint holds no env state ({mine['envs']['unsupported']}): the envs continue "
+                          "from where they are, so the run will not match an uninterrupted one exactly", stacklevel=2)
+            return
+        self.generator.set_state(mine["generator"])
+        for env, env_state in zip(self.par_envs, mine["envs"]):
+            restore_env_state(env, env_state)
+        self._obs = [{a: o.numpy().copy() for a, o in obs.items()} for obs in mine["obs"]]
+        self._returns = [dict(r) for r in mine["returns"]]
+        self._lengths = list(mine["lengths"])
+
+    # ------------------------------------------------------------ sampling
+    def sample(self) -> MultiAgentBatch:
+        """One fragment of every env, as one post-processed batch per policy."""
+        assert self.module is not None and self.par_envs, "call setup() first"
+        start = time.perf_counter()
+        segments: list[tuple[str, list[dict[str, Any]], Any, bool]] = []  # (policy, rows, bootstrap obs, cut)
+        self._pending = segments
+        with torch.inference_mode():
+            for _ in range(self.rollout_fragment_length):
+                self._step(segments)
+        # segments still open at the end of the fragment bootstrap from the agent's current observation
+        for (i, agent), trajectory in self._trajectories.items():
+            if trajectory.rows:
+                segments.append((trajectory.policy_id, trajectory.rows, self._obs[i][agent], True))
+        self._trajectories = {}
+        batches = self._postprocess(segments)
+        ended, self._ended = self._ended, []
+        info = {
+            "episode_returns": [r for r, _, _ in ended],
+            "episode_lengths": [n for _, n, _ in ended],
+            "policy_returns": [p for _, _, p in ended],
+            "agent_steps_sampled": sum(b.count for b in batches.values()),
+            "sample_time_s": time.perf_counter() - start,
+        }
+        return MultiAgentBatch(batches, env_steps=self.train_batch_size, info=info)
+
+    def _step(self, segments: list) -> None:
+        """One step of every env: each policy acts for all its live agents in one forward."""
+        by_policy: dict[str, list[tuple[int, str]]] = {}
+        for i, env in enumerate(self.par_envs):
+            for agent in env.agents:
+                by_policy.setdefault(self.policy_mapping_fn(agent), []).append((i, agent))
+        actions: list[dict[str, Any]] = [{} for _ in self.par_envs]
+        outputs: dict[tuple[int, str], dict[str, Any]] = {}
+        for pid, keys in by_policy.items():
+            obs = torch.as_tensor(np.stack([np.asarray(self._obs[i][a]) for i, a in keys]))
+            out = self.module.policy_outputs(obs, pid, explore=True, generator=self.generator,
+                                             device=self.sampling_device)
+            out = {k: v.cpu() for k, v in out.items()}
+            for n, (i, agent) in enumerate(keys):
+                outputs[(i, agent)] = {SampleBatch.OBS: obs[n], **{k: v[n] for k, v in out.items()}}
+                actions[i][agent] = out[SampleBatch.ACTIONS][n].numpy()
+                if actions[i][agent].ndim == 0:
+                    actions[i][agent] = actions[i][agent].item()
+        for i, env in enumerate(self.par_envs):
+            if not actions[i]:
+                continue
+            obs, rewards, terminations, truncations, _ = env.step(actions[i])
+            self._lengths[i] += 1
+            for agent in actions[i]:
+                key = (i, agent)
+                pid = self.policy_mapping_fn(agent)
+                trajectory = self._trajectories.setdefault(key, _Trajectory(pid))
+                terminated, truncated = bool(terminations.get(agent, False)), bool(truncations.get(agent, False))
+                reward = float(rewards.get(agent, 0.0))
+                self._returns[i][agent] = self._returns[i].get(agent, 0.0) + reward
+                trajectory.rows.append({**outputs[key], SampleBatch.REWARDS: reward,
+                                        SampleBatch.TERMINATEDS: terminated, SampleBatch.TRUNCATEDS: truncated})
+                if terminated or truncated:  # the agent left: its segment ends here
+                    final = obs.get(agent)
+                    segments.append((pid, trajectory.rows, final, truncated and not terminated))
+                    del self._trajectories[key]
+            for agent in obs:  # new agents may join mid-episode
+                self._returns[i].setdefault(agent, 0.0)
+            self._obs[i] = {**self._obs[i], **obs}
+            if not env.agents:  # the episode is over for everyone
+                self._end_episode(i)
+
+    def _end_episode(self, i: int) -> None:
+        returns = self._returns[i]
+        per_policy: dict[str, float] = {}
+        for agent, r in returns.items():
+            pid = self.policy_mapping_fn(agent)
+            per_policy[pid] = per_policy.get(pid, 0.0) + r
+        self._ended.append((float(sum(returns.values())), self._lengths[i], per_policy))
+        for key in [k for k in self._trajectories if k[0] == i]:  # agents the env dropped without a done flag
+            trajectory = self._trajectories.pop(key)
+            self._pending.append((trajectory.policy_id, trajectory.rows, self._obs[i].get(key[1]), True))
+        obs, _ = self.par_envs[i].reset()
+        self._obs[i] = obs
+        self._returns[i] = dict.fromkeys(self.par_envs[i].agents, 0.0)
+        self._lengths[i] = 0
+
+    @torch.no_grad()
+    def _postprocess(self, segments: list) -> dict[str, SampleBatch]:
+        """GAE along each segment; rows grouped by policy (segment order)."""
+        module = self.module
+        gamma, lambda_ = module.gamma, module.lambda_
+        by_policy: dict[str, list[dict[str, torch.Tensor]]] = {}
+        for pid, rows, bootstrap_obs, cut in segments:
+            cols = {k: torch.stack([torch.as_tensor(r[k]) for r in rows]) for k in rows[0]}
+            cols[SampleBatch.REWARDS] = cols[SampleBatch.REWARDS].float()
+            if cut and bootstrap_obs is not None:
+                policy = module.sampling_policy(pid, self.sampling_device)
+                bootstrap = policy.value(torch.as_tensor(np.asarray(bootstrap_obs))[None].to(self.sampling_device))
+                bootstrap = bootstrap.cpu().reshape(1)
+            else:
+                bootstrap = torch.zeros(1)
+            advantages, targets = gae(
+                cols[SampleBatch.REWARDS][:, None], cols[SampleBatch.VF_PREDS][:, None].float(), bootstrap,
+                cols[SampleBatch.TERMINATEDS][:, None], torch.zeros(len(rows), 1, dtype=torch.bool), gamma, lambda_,
+            )
+            cols[SampleBatch.ADVANTAGES] = advantages[:, 0]
+            cols[SampleBatch.VALUE_TARGETS] = targets[:, 0]
+            by_policy.setdefault(pid, []).append(cols)
+        return {pid: SampleBatch({k: torch.cat([c[k] for c in parts]) for k in parts[0]})
+                for pid, parts in sorted(by_policy.items())}

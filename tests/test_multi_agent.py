@@ -1,0 +1,239 @@
+"""Multi-agent PPO/A2C over PettingZoo parallel envs: policy mapping, per-policy batches and
+learning, agents that join and leave mid-episode, and clear errors."""
+
+from __future__ import annotations
+
+import copy
+import functools
+
+import numpy as np
+import pytest
+import pytorch_lightning as pl
+import torch
+
+from lightning_rl import A2C, PPO
+from tests.conftest import quiet_trainer
+from tests.multi_agent_envs import Relay, by_agent
+
+pytest.importorskip("pettingzoo")
+
+
+def relay_ppo(**kwargs) -> PPO:
+    settings = dict(env=Relay, policies=["p_runner", "p_helper"], policy_mapping_fn=by_agent, num_envs=2,
+                    rollout_fragment_length=10, sgd_minibatch_size=8, num_sgd_iter=2, total_env_steps=200, seed=0,
+                    iterations_per_epoch=5, hiddens=(16,))
+    return PPO(**{**settings, **kwargs})
+
+
+class Batches(pl.Callback):
+    def __init__(self) -> None:
+        self.batches, self.infos = [], []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.batches.append(batch)
+        self.infos.append(outputs["learner_info"])
+
+
+@pytest.mark.parametrize("algo", [PPO, A2C])
+def test_only_the_trained_policy_changes_and_agent_steps_are_counted(algo):
+    extra = {"sgd_minibatch_size": 8} if algo is PPO else {}
+    model = algo(env=Relay, policies=["p_runner", "p_helper"], policy_mapping_fn=by_agent,
+                 policies_to_train=["p_runner"], num_envs=2, rollout_fragment_length=10, total_env_steps=200,
+                 seed=0, iterations_per_epoch=5, hiddens=(16,), **extra)
+    before = copy.deepcopy(model.policies.state_dict())
+    seen = Batches()
+    quiet_trainer(max_epochs=-1, callbacks=[seen]).fit(model)
+    after = model.policies.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before if k.startswith("p_helper."))
+    assert not all(torch.equal(before[k], after[k]) for k in before if k.startswith("p_runner."))
+    assert all(list(info) == ["p_runner"] for info in seen.infos)
+    rows = sum(b.policy_batches[p].count for b in seen.batches for p in b.policy_batches)
+    runner_rows = sum(b.policy_batches["p_runner"].count for b in seen.batches)
+    assert model.counters["num_agent_steps_sampled"] == rows > model.counters["num_env_steps_sampled"] == 200
+    assert model.counters["num_agent_steps_trained"] == runner_rows
+    assert len(model.configure_optimizers()) == 1
+
+
+def test_agents_joining_and_leaving_give_exact_rows_and_per_agent_gae():
+    """Relay: the runner acts at t = 0..3 and terminates at its 4th step; the helper joins at
+    t = 2 and is truncated when the episode ends at t = 6. Every row is checked against that
+    script, and each agent's advantages against a plain loop over its own trajectory."""
+    model = relay_ppo(num_envs=1, rollout_fragment_length=12, gamma=0.9, lambda_=0.8)
+    dm = model.default_datamodule
+    dm.connect(model)
+    dm.setup("fit")
+    try:
+        batch = dm.sample()
+    finally:
+        dm.close()
+    runner, helper = batch.policy_batches["p_runner"], batch.policy_batches["p_helper"]
+    # two whole episodes of 6 steps: the runner acts 4 times in each, the helper 4 (t = 2..5)
+    assert runner["obs"][:, 0].tolist() == [0, 1, 2, 3] * 2
+    assert helper["obs"][:, 0].tolist() == [2, 3, 4, 5] * 2
+    assert runner["terminateds"].tolist() == [False, False, False, True] * 2
+    assert helper["truncateds"].tolist() == [False, False, False, True] * 2
+    assert not helper["terminateds"].any() and not runner["truncateds"].any()
+    actions = {"p_runner": runner["actions"], "p_helper": helper["actions"]}
+    expected_rewards = {
+        "p_runner": [t + 1 + 0.5 * a for t, a in zip([0, 1, 2, 3] * 2, actions["p_runner"].tolist())],
+        "p_helper": [t + 1 + 10 + 0.5 * a for t, a in zip([2, 3, 4, 5] * 2, actions["p_helper"].tolist())],
+    }
+    for pid, rows in (("p_runner", runner), ("p_helper", helper)):
+        assert rows["rewards"].tolist() == pytest.approx(expected_rewards[pid])
+        policy = model.policies[pid]
+        for episode in range(2):
+            seg = slice(4 * episode, 4 * episode + 4)
+            rewards, values = rows["rewards"][seg].tolist(), rows["vf_preds"][seg].tolist()
+            if pid == "p_helper":  # truncated: bootstrap from the value of its final observation (t = 6)
+                final = torch.tensor([[6.0, 1.0, float(episode)]])
+                with torch.no_grad():
+                    bootstrap = float(policy.value(final))
+            else:  # terminated: no bootstrap
+                bootstrap = 0.0
+            adv, last = [0.0] * 4, 0.0
+            for t in reversed(range(4)):
+                next_value = values[t + 1] if t < 3 else bootstrap
+                delta = rewards[t] + 0.9 * next_value - values[t]
+                last = delta + 0.9 * 0.8 * last
+                adv[t] = last
+            assert rows["advantages"][seg].tolist() == pytest.approx(adv, rel=1e-5, abs=1e-5)
+            assert rows["value_targets"][seg].tolist() == pytest.approx(
+                [a + v for a, v in zip(adv, values)], rel=1e-5, abs=1e-5)
+    assert batch.env_steps == 12 and batch.info["agent_steps_sampled"] == 16
+    assert batch.info["episode_returns"] == pytest.approx(
+        [sum(expected_rewards["p_runner"][4 * e: 4 * e + 4]) + sum(expected_rewards["p_helper"][4 * e: 4 * e + 4])
+         for e in range(2)])
+
+
+def test_a_fragment_cut_mid_episode_bootstraps_from_the_agents_current_observation():
+    model = relay_ppo(num_envs=1, rollout_fragment_length=3, sgd_minibatch_size=2, gamma=0.5, lambda_=1.0)
+    dm = model.default_datamodule
+    dm.connect(model)
+    dm.setup("fit")
+    try:
+        batch = dm.sample()
+    finally:
+        dm.close()
+    runner = batch.policy_batches["p_runner"]
+    assert runner["obs"][:, 0].tolist() == [0, 1, 2]
+    with torch.no_grad():
+        bootstrap = float(model.policies["p_runner"].value(torch.tensor([[3.0, 0.0, 0.0]])))
+    rewards = runner["rewards"].tolist()
+    assert runner["value_targets"][-1].item() == pytest.approx(rewards[-1] + 0.5 * bootstrap, rel=1e-5)
+
+
+def test_mapping_to_an_unknown_policy_is_a_clear_error():
+    with pytest.raises(ValueError, match=r"policy_mapping_fn\('helper'\) returned 'nobody'"):
+        relay_ppo(policy_mapping_fn=lambda a: "p_runner" if a == "runner" else "nobody")
+
+
+def test_agents_with_different_spaces_on_one_policy_is_a_clear_error():
+    with pytest.raises(ValueError, match=r"agents 'runner' and 'helper' are both mapped to policy 'shared'"):
+        PPO(env=functools.partial(Relay, same_spaces=False), policies=["shared"], policy_mapping_fn=lambda a: "shared")
+
+
+def test_policies_to_train_must_name_policies_and_single_agent_envs_take_no_mapping():
+    with pytest.raises(ValueError, match="policies_to_train names"):
+        relay_ppo(policies_to_train=["p_other"])
+    with pytest.raises(ValueError, match="need a multi-agent env"):
+        PPO(env="CartPole-v1", policies=["a", "b"])
+    with pytest.raises(ValueError, match="no agent is mapped"):
+        relay_ppo(policies=["p_runner", "p_helper", "p_idle"])
+
+
+def test_per_policy_settings_and_parameter_sharing_by_default():
+    model = relay_ppo(policies={"p_runner": {"hiddens": (8,)}, "p_helper": {}})
+    sizes = {pid: sum(p.numel() for p in model.policies[pid].parameters()) for pid in model.policies}
+    # obs 3 -> hidden -> (2 logits, 1 value), separate actor and critic trunks
+    assert sizes == {"p_runner": 2 * (3 * 8 + 8) + (8 * 2 + 2) + (8 + 1),
+                     "p_helper": 2 * (3 * 16 + 16) + (16 * 2 + 2) + (16 + 1)}
+    shared = PPO(env=Relay, num_envs=1, rollout_fragment_length=12, sgd_minibatch_size=8, hiddens=(8,))
+    assert list(shared.policies) == ["default_policy"]  # every agent acts with the one default policy
+    dm = shared.default_datamodule
+    dm.connect(shared)
+    dm.setup("fit")
+    try:
+        batch = dm.sample()
+    finally:
+        dm.close()
+    assert list(batch.policy_batches) == ["default_policy"] and batch.policy_batches["default_policy"].count == 16
+
+
+def test_synchronous_multi_agent_runs_are_deterministic():
+    a, b = relay_ppo(), relay_ppo()
+    quiet_trainer(max_epochs=-1).fit(a)
+    quiet_trainer(max_epochs=-1).fit(b)
+    for x, y in zip(a.parameters(), b.parameters()):
+        assert torch.equal(x, y)
+    assert np.isfinite([p.detach().sum().item() for p in a.parameters()]).all()
+
+
+def test_evaluation_plays_team_episodes_with_each_agents_policy():
+    """Greedy team returns; Lightning validation logs them like a single-agent run's."""
+    from lightning_rl import evaluate
+
+    model = relay_ppo(evaluation_interval=1, evaluation_num_episodes=2)
+    returns = evaluate(model, num_episodes=3, seed=0)
+    # every episode: runner rewards t + 0.5a for t = 1..4, helper 10 + t + 0.5a for t = 3..6
+    assert len(returns) == 3 and all(10 + 58 <= r <= 10 + 58 + 4 for r in returns)
+    trainer = quiet_trainer(max_epochs=1, limit_train_batches=2)
+    trainer.fit(model)
+    assert 68 <= float(trainer.callback_metrics["val/episode_return_mean"]) <= 72
+
+
+def test_resume_is_bit_exact_for_a_single_process_multi_agent_run(tmp_path):
+    """Stopped after epoch 1 (mid-episode: 10-step fragments, 6-step episodes), checkpointed and
+    resumed: counters, both policies' weights and the envs continue as in an uninterrupted run."""
+    full = relay_ppo()
+    quiet_trainer(max_epochs=2, limit_train_batches=3, default_root_dir=tmp_path / "full").fit(full)
+    first = relay_ppo()
+    trainer = quiet_trainer(max_epochs=1, limit_train_batches=3, default_root_dir=tmp_path)
+    trainer.fit(first)
+    trainer.save_checkpoint(tmp_path / "mid.ckpt")
+    resumed = relay_ppo()
+    quiet_trainer(max_epochs=2, limit_train_batches=3, default_root_dir=tmp_path).fit(
+        resumed, ckpt_path=tmp_path / "mid.ckpt")
+    assert resumed.counters == full.counters and resumed.counters["num_iterations"] == 6
+    for x, y in zip(resumed.parameters(), full.parameters()):
+        torch.testing.assert_close(x, y, rtol=0, atol=0)
+
+
+def test_each_policys_return_is_logged_beside_the_team_return():
+    model = relay_ppo()
+    trainer = quiet_trainer(max_epochs=1, limit_train_batches=5, log_every_n_steps=1)
+    trainer.fit(model)
+    m = trainer.callback_metrics
+    runner, helper = float(m["rollout/policy_return_mean/p_runner"]), float(m["rollout/policy_return_mean/p_helper"])
+    assert 10 <= runner <= 12 and 58 <= helper <= 60  # 1+2+3+4 (+0.5 per action 1); 13+14+15+16 (+ ...)
+    assert float(m["rollout/episode_return_mean"]) == pytest.approx(runner + helper)
+
+
+def test_a_mapping_given_as_a_table_reloads_from_the_checkpoint_and_a_function_must_be_given_again(tmp_path):
+    table = {"runner": "p_runner", "helper": "p_helper"}
+    model = relay_ppo(policy_mapping_fn=table)
+    trainer = quiet_trainer(max_epochs=1, limit_train_batches=1, default_root_dir=tmp_path)
+    trainer.fit(model)
+    trainer.save_checkpoint(tmp_path / "table.ckpt")
+    loaded = PPO.load_from_checkpoint(tmp_path / "table.ckpt", env=Relay)
+    assert loaded.policy_mapping_fn("helper") == "p_helper"
+    for x, y in zip(loaded.parameters(), model.parameters()):
+        assert torch.equal(x, y)
+    with pytest.raises(ValueError, match="'intruder' is not in policy_mapping_fn"):
+        loaded.policy_mapping_fn("intruder")
+
+    model = relay_ppo()  # a function: kept as a placeholder, to be passed again
+    trainer = quiet_trainer(max_epochs=1, limit_train_batches=1, default_root_dir=tmp_path)
+    trainer.fit(model)
+    trainer.save_checkpoint(tmp_path / "fn.ckpt")
+    with pytest.raises(ValueError, match=r"policy_mapping_fn=<callable tests\.multi_agent_envs\.by_agent>"):
+        PPO.load_from_checkpoint(tmp_path / "fn.ckpt", env=Relay)
+    assert PPO.load_from_checkpoint(tmp_path / "fn.ckpt", env=Relay, policy_mapping_fn=by_agent).policies.keys() \
+        == model.policies.keys()
+
+
+def test_algorithms_without_multi_agent_support_say_so():
+    from lightning_rl import DQN, IMPALA
+
+    for algo in (DQN, IMPALA):
+        with pytest.raises(ValueError, match=f"{algo.__name__} does not take multi-agent"):
+            algo(env=Relay)
