@@ -25,6 +25,17 @@ def relay_ppo(**kwargs) -> PPO:
     return PPO(**{**settings, **kwargs})
 
 
+def sample_once(model):
+    """One iteration's batch from the model's own sampler, outside fit."""
+    dm = model.default_datamodule
+    dm.connect(model)
+    dm.setup("fit")
+    try:
+        return dm.sample()
+    finally:
+        dm.close()
+
+
 class Batches(pl.Callback):
     def __init__(self) -> None:
         self.batches, self.infos = [], []
@@ -59,13 +70,7 @@ def test_agents_joining_and_leaving_give_exact_rows_and_per_agent_gae():
     t = 2 and is truncated when the episode ends at t = 6. Every row is checked against that
     script, and each agent's advantages against a plain loop over its own trajectory."""
     model = relay_ppo(num_envs=1, rollout_fragment_length=12, gamma=0.9, lambda_=0.8)
-    dm = model.default_datamodule
-    dm.connect(model)
-    dm.setup("fit")
-    try:
-        batch = dm.sample()
-    finally:
-        dm.close()
+    batch = sample_once(model)
     runner, helper = batch.policy_batches["p_runner"], batch.policy_batches["p_helper"]
     # two whole episodes of 6 steps: the runner acts 4 times in each, the helper 4 (t = 2..5)
     assert runner["obs"][:, 0].tolist() == [0, 1, 2, 3] * 2
@@ -107,13 +112,7 @@ def test_agents_joining_and_leaving_give_exact_rows_and_per_agent_gae():
 
 def test_a_fragment_cut_mid_episode_bootstraps_from_the_agents_current_observation():
     model = relay_ppo(num_envs=1, rollout_fragment_length=3, sgd_minibatch_size=2, gamma=0.5, lambda_=1.0)
-    dm = model.default_datamodule
-    dm.connect(model)
-    dm.setup("fit")
-    try:
-        batch = dm.sample()
-    finally:
-        dm.close()
+    batch = sample_once(model)
     runner = batch.policy_batches["p_runner"]
     assert runner["obs"][:, 0].tolist() == [0, 1, 2]
     with torch.no_grad():
@@ -149,13 +148,7 @@ def test_per_policy_settings_and_parameter_sharing_by_default():
                      "p_helper": 2 * (3 * 16 + 16) + (16 * 2 + 2) + (16 + 1)}
     shared = PPO(env=Relay, num_envs=1, rollout_fragment_length=12, sgd_minibatch_size=8, hiddens=(8,))
     assert list(shared.policies) == ["default_policy"]  # every agent acts with the one default policy
-    dm = shared.default_datamodule
-    dm.connect(shared)
-    dm.setup("fit")
-    try:
-        batch = dm.sample()
-    finally:
-        dm.close()
+    batch = sample_once(shared)
     assert list(batch.policy_batches) == ["default_policy"] and batch.policy_batches["default_policy"].count == 16
 
 
