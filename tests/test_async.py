@@ -310,4 +310,6 @@ def test_workers_start_with_spawn_when_cuda_is_initialised(algo, monkeypatch):
     }[algo]()
     quiet_trainer(max_epochs=-1).fit(model)
     assert model.default_datamodule._ctx.get_start_method() == "spawn"
-    assert model.counters["num_iterations"] == 5 and model.counters["num_grad_updates"] > 0
+    # A3C applies one or two packets (20 env steps each) per iteration; the others 5 iterations
+    done = model.counters["num_grad_updates"] if algo == "A3C" else model.counters["num_iterations"]
+    assert done == 5 and model.counters["num_grad_updates"] > 0
