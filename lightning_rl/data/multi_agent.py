@@ -224,7 +224,6 @@ class MultiAgentRolloutDataModule(EnvDataModule):
         assert self.module is not None and self.par_envs, "call setup() first"
         start = time.perf_counter()
         segments: list[tuple[str, list[dict[str, Any]], Any, bool]] = []  # (policy, rows, bootstrap obs, cut)
-        self._pending = segments
         with torch.inference_mode():
             for _ in range(self.rollout_fragment_length):
                 self._step(segments)
@@ -284,9 +283,9 @@ class MultiAgentRolloutDataModule(EnvDataModule):
                 self._returns[i].setdefault(agent, 0.0)
             self._obs[i] = {**self._obs[i], **obs}
             if not env.agents:  # the episode is over for everyone
-                self._end_episode(i)
+                self._end_episode(i, segments)
 
-    def _end_episode(self, i: int) -> None:
+    def _end_episode(self, i: int, segments: list) -> None:
         returns = self._returns[i]
         per_policy: dict[str, float] = {}
         for agent, r in returns.items():
@@ -295,7 +294,7 @@ class MultiAgentRolloutDataModule(EnvDataModule):
         self._ended.append((float(sum(returns.values())), self._lengths[i], per_policy))
         for key in [k for k in self._trajectories if k[0] == i]:  # agents the env dropped without a done flag
             trajectory = self._trajectories.pop(key)
-            self._pending.append((trajectory.policy_id, trajectory.rows, self._obs[i].get(key[1]), True))
+            segments.append((trajectory.policy_id, trajectory.rows, self._obs[i].get(key[1]), True))
         obs, _ = self.par_envs[i].reset()
         self._obs[i] = obs
         self._returns[i] = dict.fromkeys(self.par_envs[i].agents, 0.0)
