@@ -230,3 +230,45 @@ def test_algorithms_without_multi_agent_support_say_so():
     for algo in (DQN, IMPALA):
         with pytest.raises(ValueError, match=f"{algo.__name__} does not take multi-agent"):
             algo(env=Relay)
+
+
+def test_counting_by_agent_steps_sizes_batches_and_the_budget_in_agents_steps():
+    """Relay's agents per step are 1, 1, 2, 2, 1, 1 (runner alone, both, helper alone): a
+    train batch of 5 agent steps takes 4 env steps (1 + 1 + 2 + 2 = 6 rows), where counting
+    env steps takes 5 env steps (7 rows)."""
+    by_env = sample_once(relay_ppo(num_envs=1, rollout_fragment_length=5, sgd_minibatch_size=4))
+    assert (by_env.env_steps, by_env.info["agent_steps_sampled"]) == (5, 7)
+    model = relay_ppo(num_envs=1, rollout_fragment_length=5, count_steps_by="agent_steps", total_env_steps=30,
+                      sgd_minibatch_size=4)
+    by_agent_steps = sample_once(model)
+    assert (by_agent_steps.env_steps, by_agent_steps.info["agent_steps_sampled"]) == (4, 6)
+    assert sum(b.count for b in by_agent_steps.policy_batches.values()) == 6
+
+    seen = Batches()
+    quiet_trainer(max_epochs=-1, callbacks=[seen]).fit(model)
+    agent_steps = [b.info["agent_steps_sampled"] for b in seen.batches]
+    assert all(n >= 5 for n in agent_steps)
+    c = model.counters
+    assert c["num_agent_steps_sampled"] == sum(agent_steps) >= 30 > sum(agent_steps[:-1])  # the budget: agent steps
+    assert c["num_env_steps_sampled"] == sum(b.env_steps for b in seen.batches) < c["num_agent_steps_sampled"]
+    assert c["num_env_steps_trained"] == c["num_env_steps_sampled"]
+    assert c["num_agent_steps_trained"] == c["num_agent_steps_sampled"]
+    with pytest.raises(ValueError, match="count_steps_by must be"):
+        relay_ppo(count_steps_by="steps")
+
+
+def test_an_env_factory_named_by_its_import_path_builds_and_reloads_from_the_checkpoint(tmp_path):
+    """How YAML and the CLI name a PettingZoo env: ``package.module.factory``. The checkpoint
+    keeps the string, so loading needs no env argument."""
+    model = PPO(env="tests.multi_agent_envs.Relay", policies={"p_runner": {}, "p_helper": {}},
+                policy_mapping_fn={"runner": "p_runner", "helper": "p_helper"}, num_envs=1,
+                rollout_fragment_length=6, sgd_minibatch_size=4, num_sgd_iter=1, total_env_steps=6, seed=0)
+    assert model.multi_agent and model.env_spec is Relay
+    trainer = quiet_trainer(max_epochs=-1, default_root_dir=tmp_path)
+    trainer.fit(model)
+    trainer.save_checkpoint(tmp_path / "path.ckpt")
+    loaded = PPO.load_from_checkpoint(tmp_path / "path.ckpt")
+    assert loaded.env_spec is Relay and loaded.hparams.env == "tests.multi_agent_envs.Relay"
+    assert all(torch.equal(x, y) for x, y in zip(loaded.parameters(), model.parameters()))
+    with pytest.raises(ValueError, match="unknown env id 'tests.multi_agent_envs.Nothing'"):
+        PPO(env="tests.multi_agent_envs.Nothing")

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
-from lightning_rl.algorithms.base import Schedule
+from lightning_rl.algorithms.base import PolicyMapping, Schedule
 from lightning_rl.algorithms.on_policy import OnPolicyModule
 from lightning_rl.batch import SampleBatch
 from lightning_rl.data.envs import EnvSpec
@@ -60,9 +60,10 @@ class A2C(OnPolicyModule):
         vf_loss_coeff: float = 0.5,
         entropy_coeff: float = 0.0,
         optimizer: Literal["rmsprop", "adam"] = "rmsprop",
-    policies: Sequence[str] | dict[str, dict[str, Any]] | None = None,
-        policy_mapping_fn: Callable[[str], str] | None = None,
+        policies: Sequence[str] | dict[str, dict[str, Any]] | None = None,
+        policy_mapping_fn: PolicyMapping | None = None,
         policies_to_train: Sequence[str] | None = None,
+        count_steps_by: Literal["env_steps", "agent_steps"] = "env_steps",
     ) -> None:
         super().__init__(
             env=env, num_envs=num_envs, rollout_fragment_length=rollout_fragment_length,
@@ -75,6 +76,7 @@ class A2C(OnPolicyModule):
             grad_clip=grad_clip, standardize_fields=standardize_fields, hiddens=hiddens, activation=activation,
             vf_share_layers=vf_share_layers, log_std_init=log_std_init, policies=policies,
             policy_mapping_fn=policy_mapping_fn, policies_to_train=policies_to_train,
+            count_steps_by=count_steps_by,
         )
         self.save_hyperparameters()
         if optimizer not in ("rmsprop", "adam"):

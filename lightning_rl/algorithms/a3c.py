@@ -92,7 +92,7 @@ class A3C(RLModule):
         if optimizer not in ("rmsprop", "adam"):
             raise ValueError(f"optimizer must be 'rmsprop' or 'adam', got {optimizer!r}")
         self.default_datamodule = A3CDataModule(
-            env, num_workers=num_workers, num_envs=num_envs, rollout_fragment_length=rollout_fragment_length,
+            self.env_spec, num_workers=num_workers, num_envs=num_envs, rollout_fragment_length=rollout_fragment_length,
             gamma=gamma, lambda_=lambda_, vf_loss_coeff=vf_loss_coeff, entropy_coeff=entropy_coeff,
             sampler_timeout_s=sampler_timeout_s, restart_failed_workers=restart_failed_workers,
             vectorization=vectorization, seed=seed, iterations_per_epoch=iterations_per_epoch,

@@ -100,7 +100,7 @@ class APEX(DQN):
         )
         self.save_hyperparameters()
         self.default_datamodule = ApexDataModule(
-            env, num_workers=num_workers, num_envs=num_envs, rollout_fragment_length=rollout_fragment_length,
+            self.env_spec, num_workers=num_workers, num_envs=num_envs, rollout_fragment_length=rollout_fragment_length,
             buffer_size=buffer_size, learning_starts=learning_starts, n_step=n_step, gamma=gamma,
             prioritized_replay_alpha=prioritized_replay_alpha, prioritized_replay_eps=prioritized_replay_eps,
             epsilon=epsilon, epsilon_alpha=epsilon_alpha, learner_queue_size=learner_queue_size,

@@ -40,7 +40,7 @@ from lightning_rl.checkpoint import (
     unpack_rank_state,
 )
 from lightning_rl.data.base import EnvDataModule, new_generator, rank_seed
-from lightning_rl.data.envs import EnvSpec, env_spaces
+from lightning_rl.data.envs import EnvSpec, env_spaces, resolve_env
 from lightning_rl.data.multi_agent import agent_spaces, is_multi_agent_env, policy_spaces
 from lightning_rl.distributed import FlatGradients, bypass_ddp_gradient_sync, check_strategy, sum_over_ranks
 from lightning_rl.evaluation import evaluate
@@ -65,6 +65,8 @@ COUNTER_NAMES = (
 
 
 Schedule = str | Sequence[Sequence[float]] | None
+# agent id -> policy id: any callable, or a table (plain data, so checkpoints and YAML hold it)
+PolicyMapping = Callable[[str], str] | dict[str, str]
 
 
 def resolve_schedule(
@@ -143,7 +145,8 @@ class RLModule(pl.LightningModule):
         env: a registered gymnasium id or any callable returning a ``gymnasium.Env``
             (lambda, closure, class, ``functools.partial``).
         total_env_steps: stop ``fit`` once this many env steps were sampled (summed over
-            DDP ranks); ``None`` leaves stopping to the Trainer's limits.
+            DDP ranks; agents' steps where the algorithm counts steps by agent steps);
+            ``None`` leaves stopping to the Trainer's limits.
         seed: seeds network init, action sampling, minibatch shuffling and the envs
             (``seed + 1000 * rank`` under DDP); ``None`` for random.
         num_cpu_threads: torch intra-op threads during ``fit`` (restored afterwards). Small
@@ -172,13 +175,14 @@ class RLModule(pl.LightningModule):
         evaluation_interval: int | None,
         evaluation_num_episodes: int,
         compile: bool = False,
-        policies: Sequence[str] | dict[str, dict[str, Any]] | None = None,
-        policy_mapping_fn: Callable[[str], str] | dict[str, str] | None = None,
+            policies: Sequence[str] | dict[str, dict[str, Any]] | None = None,
+        policy_mapping_fn: PolicyMapping | None = None,
         policies_to_train: Sequence[str] | None = None,
     ) -> None:
         super().__init__()
         self.automatic_optimization = False
         check_not_placeholder("env", env)
+        env = resolve_env(env)
         check_not_placeholder("policy_mapping_fn", policy_mapping_fn)
         if isinstance(policy_mapping_fn, dict):  # plain data: a checkpoint keeps it and reloads it
             policy_mapping_fn = MappingTable(policy_mapping_fn)
@@ -229,6 +233,8 @@ class RLModule(pl.LightningModule):
         self._resumed_without_sampler_state = False
 
     supports_multi_agent = False  # algorithms whose sampler and learner handle several policies set it
+    # what total_env_steps and schedules count: env steps, or agents' steps (count_steps_by="agent_steps")
+    budget_counter = "num_env_steps_sampled"
 
     def save_hyperparameters(self, *args: Any, ignore: Sequence[str] | str | None = None, frame: Any = None,
                              logger: bool = True) -> None:
@@ -347,18 +353,19 @@ class RLModule(pl.LightningModule):
     # ---------------------------------------------------------------- learning
     def learn_on_batch(self, batch: MultiAgentBatch, builder: LearnerInfoBuilder) -> int:
         """Update the policies to train on one iteration's batch; add results to ``builder``.
-        Returns the number of rows trained on (``num_env_steps_trained``)."""
+        Returns the number of rows trained on (``num_agent_steps_trained``; single-agent, also
+        ``num_env_steps_trained``)."""
         raise NotImplementedError
 
     def on_iteration_end(self, learner_info: dict[str, Any]) -> None:
         """Per-iteration updates after learning, with the global counters of this iteration."""
 
     def current(self, points: list[tuple[float, float]] | None, constant: float) -> float:
-        """A schedule's value at the global env steps sampled before this iteration (the same
-        on every DDP rank)."""
+        """A schedule's value at the global steps sampled before this iteration (env steps, or
+        agent steps with ``count_steps_by="agent_steps"``; the same on every DDP rank)."""
         if points is None:
             return constant
-        return piecewise_linear(points, self.global_counters["num_env_steps_sampled"])
+        return piecewise_linear(points, self.global_counters[self.budget_counter])
 
     @staticmethod
     def set_lr(lr: float, *optimizers: torch.optim.Optimizer) -> float:
@@ -443,12 +450,13 @@ class RLModule(pl.LightningModule):
         c = self.counters
         c["num_env_steps_sampled"] += batch.env_steps
         c["num_agent_steps_sampled"] += batch.info.get("agent_steps_sampled", batch.agent_steps())
-        c["num_env_steps_trained"] += trained
+        # multi-agent: the rows trained are agents' steps; the env steps are the batch's
+        c["num_env_steps_trained"] += (batch.env_steps if trained else 0) if self.multi_agent else trained
         c["num_agent_steps_trained"] += trained
         c["num_iterations"] += 1
         self.global_counters = self._counters_over_ranks(c)
         self.on_iteration_end(learner_info)
-        if self.total_env_steps is not None and self.global_counters["num_env_steps_sampled"] >= self.total_env_steps:
+        if self.total_env_steps is not None and self.global_counters[self.budget_counter] >= self.total_env_steps:
             self.trainer.should_stop = True
         return {"learner_info": learner_info, "learn_time_s": time.perf_counter() - start}
 

@@ -95,7 +95,7 @@ class IMPALA(RLModule):
         if not 0.0 <= lambda_ <= 1.0:
             raise ValueError(f"lambda_ must be in [0, 1], got {lambda_}")
         self.default_datamodule = AsyncSamplingDataModule(
-            env, num_workers=num_workers, num_envs=num_envs, rollout_fragment_length=rollout_fragment_length,
+            self.env_spec, num_workers=num_workers, num_envs=num_envs, rollout_fragment_length=rollout_fragment_length,
             train_batch_size=train_batch_size, learner_queue_size=learner_queue_size,
             broadcast_interval=broadcast_interval, max_policy_lag=max_policy_lag,
             sampler_timeout_s=sampler_timeout_s, restart_failed_workers=restart_failed_workers,

@@ -89,7 +89,8 @@ class OffPolicyModule(RLModule):
         self.beta_points = None if total_env_steps is None else [(0.0, prioritized_replay_beta),
                                                                  (float(total_env_steps), 1.0)]
         self.default_datamodule = ReplayDataModule(
-            env, num_envs=num_envs, buffer_size=buffer_size, learning_starts=learning_starts, train_freq=train_freq,
+            self.env_spec, num_envs=num_envs, buffer_size=buffer_size, learning_starts=learning_starts,
+            train_freq=train_freq,
             n_step=n_step, gamma=gamma, prioritized_replay=prioritized_replay,
             prioritized_replay_alpha=prioritized_replay_alpha, prioritized_replay_eps=prioritized_replay_eps,
             vectorization=vectorization, seed=seed, iterations_per_epoch=iterations_per_epoch,

@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
-from lightning_rl.algorithms.base import RLModule, Schedule, check_gamma, check_positive, resolve_schedule
+from lightning_rl.algorithms.base import (
+    PolicyMapping,
+    RLModule,
+    Schedule,
+    check_gamma,
+    check_positive,
+    resolve_schedule,
+)
 from lightning_rl.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
 from lightning_rl.data.envs import EnvSpec
 from lightning_rl.data.multi_agent import MultiAgentRolloutDataModule
@@ -29,6 +36,12 @@ class OnPolicyModule(RLModule):
     ``num_sgd_iter`` times over. The count of minibatches is fixed by the hyperparameters,
     not by how many reset steps the rollout dropped, so every DDP rank takes the same
     number of optimizer steps.
+
+    Multi-agent (a PettingZoo env): one batch per policy, its minibatches planned from its
+    rows. ``count_steps_by="agent_steps"`` makes the train batch and ``total_env_steps``
+    (and schedules) count agents' steps: each iteration steps the envs until
+    ``num_envs * rollout_fragment_length`` agent steps were sampled (RLlib's
+    ``count_steps_by``). Single-agent, both counts are the same.
     """
 
     def __init__(
@@ -60,9 +73,10 @@ class OnPolicyModule(RLModule):
         activation: str,
         vf_share_layers: bool,
         log_std_init: float,
-        policies: Sequence[str] | dict[str, dict[str, Any]] | None = None,
-        policy_mapping_fn: Callable[[str], str] | None = None,
+            policies: Sequence[str] | dict[str, dict[str, Any]] | None = None,
+        policy_mapping_fn: PolicyMapping | None = None,
         policies_to_train: Sequence[str] | None = None,
+        count_steps_by: Literal["env_steps", "agent_steps"],
     ) -> None:
         super().__init__(
             env=env, total_env_steps=total_env_steps, seed=seed, num_cpu_threads=num_cpu_threads,
@@ -70,15 +84,19 @@ class OnPolicyModule(RLModule):
             evaluation_num_episodes=evaluation_num_episodes, compile=compile, policies=policies,
             policy_mapping_fn=policy_mapping_fn, policies_to_train=policies_to_train,
         )
+        if count_steps_by not in ("env_steps", "agent_steps"):
+            raise ValueError(f"count_steps_by must be 'env_steps' or 'agent_steps', got {count_steps_by!r}")
+        if count_steps_by == "agent_steps":
+            self.budget_counter = "num_agent_steps_sampled"
         if self.multi_agent:
             self.default_datamodule = MultiAgentRolloutDataModule(
-                env, self.policy_mapping_fn, num_envs, rollout_fragment_length, seed, iterations_per_epoch,
-                sampling_device,
+                self.env_spec, self.policy_mapping_fn, num_envs, rollout_fragment_length, seed, iterations_per_epoch,
+                sampling_device, count_steps_by,
             )
         else:
             self.default_datamodule = RolloutDataModule(
-                env, num_envs, rollout_fragment_length, vectorization, seed, iterations_per_epoch, sampling_device,
-                check_finite,
+                self.env_spec, num_envs, rollout_fragment_length, vectorization, seed, iterations_per_epoch,
+                sampling_device, check_finite,
             )
         check_positive(lr=lr, grad_clip=grad_clip, num_sgd_iter=num_sgd_iter, sgd_minibatch_size=sgd_minibatch_size)
         check_gamma(gamma)

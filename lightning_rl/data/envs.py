@@ -3,6 +3,7 @@ so that a failing env worker process is an error that names it, never a hang."""
 
 from __future__ import annotations
 
+import importlib
 import multiprocessing.connection
 import os
 import pickle
@@ -29,6 +30,24 @@ def _check_id(env_id: str) -> gym.envs.registration.EnvSpec:
         return gym.spec(env_id)
     except gym.error.Error as err:  # NameNotFound, VersionNotFound, ...
         raise ValueError(f"unknown env id {env_id!r}: {err}") from None
+
+
+def resolve_env(env: EnvSpec) -> EnvSpec:
+    """A string that is no registered env id but the import path of a callable
+    (``"mpe2.simple_spread_v3.parallel_env"``) becomes that callable: how YAML and the CLI
+    name an env factory (and the checkpoint keeps the string, which reloads). Anything else
+    is returned as it is."""
+    if not isinstance(env, str) or ":" in env or env in gym.registry:
+        return env
+    module_name, _, attr = env.rpartition(".")
+    if not module_name:
+        return env
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError:
+        return env
+    factory = getattr(module, attr, None)
+    return factory if callable(factory) else env
 
 
 def make_env(env: EnvSpec) -> gym.Env:

@@ -118,7 +118,10 @@ class MultiAgentRolloutDataModule(EnvDataModule):
     segment was cut by a truncation or by the end of the fragment; not after termination).
 
     ``batch.env_steps`` counts env steps (``num_envs * rollout_fragment_length``);
-    ``batch.info["agent_steps_sampled"]`` the agents' steps (rows). Episode returns are the
+    ``batch.info["agent_steps_sampled"]`` the agents' steps (rows). With
+    ``count_steps_by="agent_steps"`` the envs step (all together) until at least
+    ``num_envs * rollout_fragment_length`` agent steps were sampled, and ``env_steps`` is
+    what that took. Episode returns are the
     team's (summed over agents); ``info["policy_returns"]`` has each policy's summed return of
     the episodes that ended.
     """
@@ -132,10 +135,14 @@ class MultiAgentRolloutDataModule(EnvDataModule):
         seed: int | None = None,
         iterations_per_epoch: int = 10,
         sampling_device: str = "cpu",
+        count_steps_by: str = "env_steps",
     ) -> None:
         super().__init__(env, num_envs, "sync", seed, iterations_per_epoch, sampling_device, check_finite=False)
         if rollout_fragment_length < 1:
             raise ValueError(f"rollout_fragment_length must be >= 1, got {rollout_fragment_length}")
+        if count_steps_by not in ("env_steps", "agent_steps"):
+            raise ValueError(f"count_steps_by must be 'env_steps' or 'agent_steps', got {count_steps_by!r}")
+        self.count_steps_by = count_steps_by
         self.rollout_fragment_length = rollout_fragment_length
         self.policy_mapping_fn = policy_mapping_fn
         self.par_envs: list[Any] = []
@@ -224,9 +231,12 @@ class MultiAgentRolloutDataModule(EnvDataModule):
         assert self.module is not None and self.par_envs, "call setup() first"
         start = time.perf_counter()
         segments: list[tuple[str, list[dict[str, Any]], Any, bool]] = []  # (policy, rows, bootstrap obs, cut)
+        env_steps = agent_steps = 0
         with torch.inference_mode():
-            for _ in range(self.rollout_fragment_length):
-                self._step(segments)
+            while (agent_steps if self.count_steps_by == "agent_steps" else env_steps) < self.train_batch_size:
+                stepped, acted = self._step(segments)
+                env_steps += stepped
+                agent_steps += acted
         # segments still open at the end of the fragment bootstrap from the agent's current observation
         for (i, agent), trajectory in self._trajectories.items():
             if trajectory.rows:
@@ -238,13 +248,14 @@ class MultiAgentRolloutDataModule(EnvDataModule):
             "episode_returns": [r for r, _, _ in ended],
             "episode_lengths": [n for _, n, _ in ended],
             "policy_returns": [p for _, _, p in ended],
-            "agent_steps_sampled": sum(b.count for b in batches.values()),
+            "agent_steps_sampled": agent_steps,
             "sample_time_s": time.perf_counter() - start,
         }
-        return MultiAgentBatch(batches, env_steps=self.train_batch_size, info=info)
+        return MultiAgentBatch(batches, env_steps=env_steps, info=info)
 
-    def _step(self, segments: list) -> None:
-        """One step of every env: each policy acts for all its live agents in one forward."""
+    def _step(self, segments: list) -> tuple[int, int]:
+        """One step of every env: each policy acts for all its live agents in one forward.
+        Returns ``(env steps, agent steps)`` taken."""
         by_policy: dict[str, list[tuple[int, str]]] = {}
         for i, env in enumerate(self.par_envs):
             for agent in env.agents:
@@ -284,6 +295,7 @@ class MultiAgentRolloutDataModule(EnvDataModule):
             self._obs[i] = {**self._obs[i], **obs}
             if not env.agents:  # the episode is over for everyone
                 self._end_episode(i, segments)
+        return sum(1 for a in actions if a), sum(len(a) for a in actions)
 
     def _end_episode(self, i: int, segments: list) -> None:
         returns = self._returns[i]
