@@ -29,6 +29,8 @@ SHORT = {  # a few iterations of each config
     "appo_cartpole": ["--model.init_args.total_env_steps", "2000", "--model.init_args.iterations_per_epoch", "2"],
     "appo_pendulum": ["--model.init_args.total_env_steps", "2048", "--model.init_args.iterations_per_epoch", "4",
                       "--model.init_args.evaluation_num_episodes", "2"],
+    "ppo_speaker_listener": ["--model.init_args.total_env_steps", "1600", "--model.init_args.iterations_per_epoch", "2",
+                             "--model.init_args.evaluation_num_episodes", "2"],
     "sac_pendulum": ["--model.init_args.total_env_steps", "300", "--model.init_args.iterations_per_epoch", "150",
                      "--model.init_args.evaluation_num_episodes", "2"],
 }

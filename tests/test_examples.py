@@ -23,7 +23,8 @@ def load(name: str):
 @pytest.mark.parametrize(
     ("name", "steps"),
     [("ppo_cartpole", 2048), ("ppo_pendulum", 8192), ("dqn_cartpole", 2048), ("sac_pendulum", 600),
-     ("impala_cartpole", 4000), ("apex_cartpole", 2048), ("a3c_cartpole", 2000)],
+     ("impala_cartpole", 4000), ("apex_cartpole", 2048), ("a3c_cartpole", 2000),
+     ("ppo_speaker_listener", 1600)],
 )
 def test_example_runs_and_logs(name, steps, tmp_path):
     from tests.test_async import children

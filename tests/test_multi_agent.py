@@ -272,3 +272,10 @@ def test_an_env_factory_named_by_its_import_path_builds_and_reloads_from_the_che
     assert all(torch.equal(x, y) for x, y in zip(loaded.parameters(), model.parameters()))
     with pytest.raises(ValueError, match="unknown env id 'tests.multi_agent_envs.Nothing'"):
         PPO(env="tests.multi_agent_envs.Nothing")
+
+
+def test_an_env_module_that_fails_to_import_is_named_in_the_error(tmp_path, monkeypatch):
+    (tmp_path / "needs_missing_dep.py").write_text("import not_installed_anywhere\n\ndef env():\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ImportError, match="needs_missing_dep failed: No module named 'not_installed_anywhere'"):
+        PPO(env="needs_missing_dep.env")

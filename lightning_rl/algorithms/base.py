@@ -66,7 +66,7 @@ COUNTER_NAMES = (
 
 Schedule = str | Sequence[Sequence[float]] | None
 # agent id -> policy id: any callable, or a table (plain data, so checkpoints and YAML hold it)
-PolicyMapping = Callable[[str], str] | dict[str, str]
+PolicyMapping = dict[str, str] | Callable[[str], str]
 
 
 def resolve_schedule(
@@ -205,7 +205,8 @@ class RLModule(pl.LightningModule):
         else:
             self.policy_config = {pid: {} for pid in (policies or [DEFAULT_POLICY_ID])}
         if not self.multi_agent and (list(self.policy_config) != [DEFAULT_POLICY_ID] or policy_mapping_fn):
-            raise ValueError("policies and policy_mapping_fn need a multi-agent env (a PettingZoo env factory)")
+            raise ValueError("policies and policy_mapping_fn need a multi-agent env (a PettingZoo env factory), "
+                             f"which env={env!r} is not")
         if self.multi_agent:
             self.policy_mapping_fn = policy_mapping_fn or default_policy_mapping
             self.policy_spaces = policy_spaces(agent_spaces(env), list(self.policy_config), self.policy_mapping_fn)

@@ -44,8 +44,11 @@ def resolve_env(env: EnvSpec) -> EnvSpec:
         return env
     try:
         module = importlib.import_module(module_name)
-    except ImportError:
-        return env
+    except ModuleNotFoundError as err:
+        if err.name is None or not (module_name + ".").startswith(err.name + "."):
+            # the module exists but needs something that is not installed: say so
+            raise ImportError(f"env {env!r}: importing {module_name} failed: {err}") from err
+        return env  # no such module: the string is an env id (an unknown one is reported later)
     factory = getattr(module, attr, None)
     return factory if callable(factory) else env
 

@@ -26,7 +26,14 @@ from lightning_rl.data.base import EnvDataModule, rank_seed
 from lightning_rl.data.env_state import UnsupportedEnvState, capture_env_state, restore_env_state
 from lightning_rl.functional import gae
 
-__all__ = ["MultiAgentRolloutDataModule", "agent_spaces", "is_multi_agent_env", "make_parallel_env", "policy_spaces"]
+__all__ = [
+    "MultiAgentEnvDataModule",
+    "MultiAgentRolloutDataModule",
+    "agent_spaces",
+    "is_multi_agent_env",
+    "make_parallel_env",
+    "policy_spaces",
+]
 
 
 def _pettingzoo() -> Any:
@@ -101,55 +108,25 @@ def policy_spaces(
     return out
 
 
-class _Trajectory:
-    """One agent's rows in one env since its segment started (within a fragment)."""
-
-    __slots__ = ("policy_id", "rows")
-
-    def __init__(self, policy_id: str) -> None:
-        self.policy_id = policy_id
-        self.rows: list[dict[str, Any]] = []
-
-
-class MultiAgentRolloutDataModule(EnvDataModule):
-    """Steps ``num_envs`` copies of a PettingZoo parallel env for ``rollout_fragment_length``
-    steps per iteration and yields one ``SampleBatch`` per policy, post-processed with GAE
-    along each agent's trajectory (bootstrapped from the agent's last observation when its
-    segment was cut by a truncation or by the end of the fragment; not after termination).
-
-    ``batch.env_steps`` counts env steps (``num_envs * rollout_fragment_length``);
-    ``batch.info["agent_steps_sampled"]`` the agents' steps (rows). With
-    ``count_steps_by="agent_steps"`` the envs step (all together) until at least
-    ``num_envs * rollout_fragment_length`` agent steps were sampled, and ``env_steps`` is
-    what that took. Episode returns are the
-    team's (summed over agents); ``info["policy_returns"]`` has each policy's summed return of
-    the episodes that ended.
-    """
+class MultiAgentEnvDataModule(EnvDataModule):
+    """Steps ``num_envs`` copies of a PettingZoo parallel env together, each policy acting for
+    all its live agents in one forward. What the agents' steps become is the subclass's:
+    ``act`` chooses a policy's actions, ``record`` keeps one agent step, ``drop`` hears of an
+    agent the env removed at an episode end without a done flag. Episode returns are the
+    team's (summed over agents); ``policy_returns`` has each policy's share."""
 
     def __init__(
         self,
         env: Callable[[], Any],
         policy_mapping_fn: Callable[[str], str],
-        num_envs: int = 1,
-        rollout_fragment_length: int = 32,
-        seed: int | None = None,
-        iterations_per_epoch: int = 10,
-        sampling_device: str = "cpu",
-        count_steps_by: str = "env_steps",
+        num_envs: int,
+        seed: int | None,
+        iterations_per_epoch: int,
+        sampling_device: str,
     ) -> None:
         super().__init__(env, num_envs, "sync", seed, iterations_per_epoch, sampling_device, check_finite=False)
-        if rollout_fragment_length < 1:
-            raise ValueError(f"rollout_fragment_length must be >= 1, got {rollout_fragment_length}")
-        if count_steps_by not in ("env_steps", "agent_steps"):
-            raise ValueError(f"count_steps_by must be 'env_steps' or 'agent_steps', got {count_steps_by!r}")
-        self.count_steps_by = count_steps_by
-        self.rollout_fragment_length = rollout_fragment_length
         self.policy_mapping_fn = policy_mapping_fn
         self.par_envs: list[Any] = []
-
-    @property
-    def train_batch_size(self) -> int:
-        return self.num_envs * self.rollout_fragment_length
 
     # ------------------------------------------------------------ envs
     def setup(self, stage: str) -> None:
@@ -170,9 +147,9 @@ class MultiAgentRolloutDataModule(EnvDataModule):
             self._obs.append(obs)
         self._returns = [dict.fromkeys(env.agents, 0.0) for env in self.par_envs]
         self._lengths = [0] * self.num_envs
-        self._trajectories: dict[tuple[int, str], _Trajectory] = {}
         self._ended: list[tuple[float, int, dict[str, float]]] = []
         self.envs = self.par_envs  # what "set up" means to the base class
+        self.on_envs_ready()
 
     def close(self, terminate: bool = False) -> None:
         if not self.par_envs:
@@ -192,7 +169,7 @@ class MultiAgentRolloutDataModule(EnvDataModule):
     def local_state(self) -> dict[str, Any]:
         """This process's sampler state as plain data (``env_state.capture_env_state`` per env:
         PettingZoo envs whose state lives in Python objects resume exactly). Taken between
-        iterations, when no agent trajectory is open."""
+        iterations."""
         try:
             envs: Any = [capture_env_state(env) for env in self.par_envs]
         except UnsupportedEnvState as err:
@@ -214,6 +191,7 @@ class MultiAgentRolloutDataModule(EnvDataModule):
         mine = unpack_rank_state(state, self.rank, world_size, "envs")
         if mine is None:
             return
+        self.load_local_state(mine)
         if isinstance(mine["envs"], dict):
             warnings.warn(f"the checkpoint holds no env state ({mine['envs']['unsupported']}): the envs continue "
                           "from where they are, so the run will not match an uninterrupted one exactly", stacklevel=2)
@@ -225,37 +203,24 @@ class MultiAgentRolloutDataModule(EnvDataModule):
         self._returns = [dict(r) for r in mine["returns"]]
         self._lengths = list(mine["lengths"])
 
-    # ------------------------------------------------------------ sampling
-    def sample(self) -> MultiAgentBatch:
-        """One fragment of every env, as one post-processed batch per policy."""
-        assert self.module is not None and self.par_envs, "call setup() first"
-        start = time.perf_counter()
-        segments: list[tuple[str, list[dict[str, Any]], Any, bool]] = []  # (policy, rows, bootstrap obs, cut)
-        env_steps = agent_steps = 0
-        with torch.inference_mode():
-            while (agent_steps if self.count_steps_by == "agent_steps" else env_steps) < self.train_batch_size:
-                stepped, acted = self._step(segments)
-                env_steps += stepped
-                agent_steps += acted
-        # segments still open at the end of the fragment bootstrap from the agent's current observation
-        for (i, agent), trajectory in self._trajectories.items():
-            if trajectory.rows:
-                segments.append((trajectory.policy_id, trajectory.rows, self._obs[i][agent], True))
-        self._trajectories = {}
-        batches = self._postprocess(segments)
-        ended, self._ended = self._ended, []
-        info = {
-            "episode_returns": [r for r, _, _ in ended],
-            "episode_lengths": [n for _, n, _ in ended],
-            "policy_returns": [p for _, _, p in ended],
-            "agent_steps_sampled": agent_steps,
-            "sample_time_s": time.perf_counter() - start,
-        }
-        return MultiAgentBatch(batches, env_steps=env_steps, info=info)
+    # ------------------------------------------------------------ stepping
+    def act(self, policy_id: str, obs: torch.Tensor) -> dict[str, torch.Tensor]:
+        """A policy's outputs (``actions`` and whatever ``record`` keeps) for ``obs [K, ...]``."""
+        return self.module.policy_outputs(obs, policy_id, explore=True, generator=self.generator,
+                                          device=self.sampling_device)
 
-    def _step(self, segments: list) -> tuple[int, int]:
-        """One step of every env: each policy acts for all its live agents in one forward.
-        Returns ``(env steps, agent steps)`` taken."""
+    def record(self, i: int, agent: str, policy_id: str, row: dict[str, Any], next_obs: Any) -> None:
+        """Keep one step of ``agent`` in env ``i``: ``row`` holds the observation it acted in, the
+        outputs of ``act``, ``rewards``, ``terminateds`` and ``truncateds``; ``next_obs`` is what
+        it observes next (``None`` if the env gave it none)."""
+        raise NotImplementedError
+
+    def drop(self, i: int, agent: str, policy_id: str) -> None:
+        """The episode of env ``i`` ended while ``agent`` had no done flag: cut its trajectory
+        at its current observation (a truncation)."""
+
+    def step_all(self) -> tuple[int, int]:
+        """One step of every env; returns ``(env steps, agent steps)`` taken."""
         by_policy: dict[str, list[tuple[int, str]]] = {}
         for i, env in enumerate(self.par_envs):
             for agent in env.agents:
@@ -264,9 +229,7 @@ class MultiAgentRolloutDataModule(EnvDataModule):
         outputs: dict[tuple[int, str], dict[str, Any]] = {}
         for pid, keys in by_policy.items():
             obs = torch.as_tensor(np.stack([np.asarray(self._obs[i][a]) for i, a in keys]))
-            out = self.module.policy_outputs(obs, pid, explore=True, generator=self.generator,
-                                             device=self.sampling_device)
-            out = {k: v.cpu() for k, v in out.items()}
+            out = {k: v.cpu() for k, v in self.act(pid, obs).items()}
             for n, (i, agent) in enumerate(keys):
                 outputs[(i, agent)] = {SampleBatch.OBS: obs[n], **{k: v[n] for k, v in out.items()}}
                 actions[i][agent] = out[SampleBatch.ACTIONS][n].numpy()
@@ -278,39 +241,131 @@ class MultiAgentRolloutDataModule(EnvDataModule):
             obs, rewards, terminations, truncations, _ = env.step(actions[i])
             self._lengths[i] += 1
             for agent in actions[i]:
-                key = (i, agent)
-                pid = self.policy_mapping_fn(agent)
-                trajectory = self._trajectories.setdefault(key, _Trajectory(pid))
-                terminated, truncated = bool(terminations.get(agent, False)), bool(truncations.get(agent, False))
                 reward = float(rewards.get(agent, 0.0))
                 self._returns[i][agent] = self._returns[i].get(agent, 0.0) + reward
-                trajectory.rows.append({**outputs[key], SampleBatch.REWARDS: reward,
-                                        SampleBatch.TERMINATEDS: terminated, SampleBatch.TRUNCATEDS: truncated})
-                if terminated or truncated:  # the agent left: its segment ends here
-                    final = obs.get(agent)
-                    segments.append((pid, trajectory.rows, final, truncated and not terminated))
-                    del self._trajectories[key]
+                row = {**outputs[(i, agent)], SampleBatch.REWARDS: reward,
+                       SampleBatch.TERMINATEDS: bool(terminations.get(agent, False)),
+                       SampleBatch.TRUNCATEDS: bool(truncations.get(agent, False))}
+                self.record(i, agent, self.policy_mapping_fn(agent), row, obs.get(agent))
             for agent in obs:  # new agents may join mid-episode
                 self._returns[i].setdefault(agent, 0.0)
             self._obs[i] = {**self._obs[i], **obs}
             if not env.agents:  # the episode is over for everyone
-                self._end_episode(i, segments)
+                self._end_episode(i)
         return sum(1 for a in actions if a), sum(len(a) for a in actions)
 
-    def _end_episode(self, i: int, segments: list) -> None:
+    def _end_episode(self, i: int) -> None:
         returns = self._returns[i]
         per_policy: dict[str, float] = {}
         for agent, r in returns.items():
             pid = self.policy_mapping_fn(agent)
             per_policy[pid] = per_policy.get(pid, 0.0) + r
         self._ended.append((float(sum(returns.values())), self._lengths[i], per_policy))
-        for key in [k for k in self._trajectories if k[0] == i]:  # agents the env dropped without a done flag
-            trajectory = self._trajectories.pop(key)
-            segments.append((trajectory.policy_id, trajectory.rows, self._obs[i].get(key[1]), True))
+        for agent in self.open_agents(i):  # agents the env dropped without a done flag
+            self.drop(i, agent, self.policy_mapping_fn(agent))
         obs, _ = self.par_envs[i].reset()
         self._obs[i] = obs
         self._returns[i] = dict.fromkeys(self.par_envs[i].agents, 0.0)
         self._lengths[i] = 0
+
+    def open_agents(self, i: int) -> list[str]:
+        """Agents of env ``i`` whose trajectory is open (no done flag yet)."""
+        return []
+
+    def episode_info(self) -> dict[str, Any]:
+        ended, self._ended = self._ended, []
+        return {"episode_returns": [r for r, _, _ in ended], "episode_lengths": [n for _, n, _ in ended],
+                "policy_returns": [p for _, _, p in ended]}
+
+
+class _Trajectory:
+    """One agent's rows in one env since its segment started (within a fragment)."""
+
+    __slots__ = ("policy_id", "rows")
+
+    def __init__(self, policy_id: str) -> None:
+        self.policy_id = policy_id
+        self.rows: list[dict[str, Any]] = []
+
+
+class MultiAgentRolloutDataModule(MultiAgentEnvDataModule):
+    """Steps ``num_envs`` copies of a PettingZoo parallel env for ``rollout_fragment_length``
+    steps per iteration and yields one ``SampleBatch`` per policy, post-processed with GAE
+    along each agent's trajectory (bootstrapped from the agent's last observation when its
+    segment was cut by a truncation or by the end of the fragment; not after termination).
+
+    ``batch.env_steps`` counts env steps (``num_envs * rollout_fragment_length``);
+    ``batch.info["agent_steps_sampled"]`` the agents' steps (rows). With
+    ``count_steps_by="agent_steps"`` the envs step (all together) until at least
+    ``num_envs * rollout_fragment_length`` agent steps were sampled, and ``env_steps`` is
+    what that took. Episode returns are the team's (summed over agents);
+    ``info["policy_returns"]`` has each policy's summed return of the episodes that ended.
+    """
+
+    def __init__(
+        self,
+        env: Callable[[], Any],
+        policy_mapping_fn: Callable[[str], str],
+        num_envs: int = 1,
+        rollout_fragment_length: int = 32,
+        seed: int | None = None,
+        iterations_per_epoch: int = 10,
+        sampling_device: str = "cpu",
+        count_steps_by: str = "env_steps",
+    ) -> None:
+        super().__init__(env, policy_mapping_fn, num_envs, seed, iterations_per_epoch, sampling_device)
+        if rollout_fragment_length < 1:
+            raise ValueError(f"rollout_fragment_length must be >= 1, got {rollout_fragment_length}")
+        if count_steps_by not in ("env_steps", "agent_steps"):
+            raise ValueError(f"count_steps_by must be 'env_steps' or 'agent_steps', got {count_steps_by!r}")
+        self.count_steps_by = count_steps_by
+        self.rollout_fragment_length = rollout_fragment_length
+
+    @property
+    def train_batch_size(self) -> int:
+        return self.num_envs * self.rollout_fragment_length
+
+    def on_envs_ready(self) -> None:
+        self._trajectories: dict[tuple[int, str], _Trajectory] = {}
+        self._segments: list[tuple[str, list[dict[str, Any]], Any, bool]] = []  # (policy, rows, bootstrap obs, cut)
+
+    # ------------------------------------------------------------ sampling
+    def sample(self) -> MultiAgentBatch:
+        """One fragment of every env, as one post-processed batch per policy."""
+        assert self.module is not None and self.par_envs, "call setup() first"
+        start = time.perf_counter()
+        self._segments = []
+        env_steps = agent_steps = 0
+        with torch.inference_mode():
+            while (agent_steps if self.count_steps_by == "agent_steps" else env_steps) < self.train_batch_size:
+                stepped, acted = self.step_all()
+                env_steps += stepped
+                agent_steps += acted
+        # segments still open at the end of the fragment bootstrap from the agent's current observation
+        for (i, agent), trajectory in self._trajectories.items():
+            if trajectory.rows:
+                self._segments.append((trajectory.policy_id, trajectory.rows, self._obs[i][agent], True))
+        self._trajectories = {}
+        batches = self._postprocess(self._segments)
+        self._segments = []
+        info = {**self.episode_info(), "agent_steps_sampled": agent_steps,
+                "sample_time_s": time.perf_counter() - start}
+        return MultiAgentBatch(batches, env_steps=env_steps, info=info)
+
+    def record(self, i: int, agent: str, policy_id: str, row: dict[str, Any], next_obs: Any) -> None:
+        trajectory = self._trajectories.setdefault((i, agent), _Trajectory(policy_id))
+        trajectory.rows.append(row)
+        terminated, truncated = row[SampleBatch.TERMINATEDS], row[SampleBatch.TRUNCATEDS]
+        if terminated or truncated:  # the agent left: its segment ends here
+            self._segments.append((policy_id, trajectory.rows, next_obs, truncated and not terminated))
+            del self._trajectories[(i, agent)]
+
+    def open_agents(self, i: int) -> list[str]:
+        return [agent for (j, agent) in self._trajectories if j == i]
+
+    def drop(self, i: int, agent: str, policy_id: str) -> None:
+        trajectory = self._trajectories.pop((i, agent))
+        self._segments.append((policy_id, trajectory.rows, self._obs[i].get(agent), True))
 
     @torch.no_grad()
     def _postprocess(self, segments: list) -> dict[str, SampleBatch]:
