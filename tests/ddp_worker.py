@@ -75,7 +75,9 @@ class Recorder(pl.Callback):
             policy_batch = batch.policy_batches.get("default_policy") or next(iter(batch.policy_batches.values()))
             self.first_obs = policy_batch["obs"][:4].tolist()
         elif self.first_obs is None and batch.replay is not None:
-            self.first_obs = batch.replay.buffer.state_dict()["obs"][:4].reshape(-1).tolist()
+            replay = batch.replay
+            buffer = replay.buffer if hasattr(replay, "buffer") else replay.buffers["p_runner"]  # multi-agent
+            self.first_obs = buffer.state_dict()["obs"][:4].reshape(-1).tolist()
         stats = outputs["learner_info"].get("default_policy", {}).get("learner_stats", {})
         self.learner_stats.append({k: v for k, v in stats.items() if isinstance(v, float)})
         kl_coeff = getattr(pl_module, "kl_coeff", {})  # PPO's adapts per policy; APPO's is a constant
@@ -126,12 +128,17 @@ def main(out: Path, mode: str) -> None:
         model = APEX(env="CartPole-v1", num_workers=1, num_envs=2, rollout_fragment_length=10, hiddens=(16,),
                      learning_starts=40, num_gradient_steps=2, train_batch_size=16, target_network_update_freq=64,
                      total_env_steps=2 * 20 * 8, sampler_timeout_s=60.0, **common)
-    elif mode == "multi_agent":  # rank 1's envs never see the helper: its policy has rows on rank 0 only
+    elif mode.startswith("multi_agent"):  # rank 1's envs never see the helper: its policy has rows on rank 0 only
         from tests.multi_agent_envs import RankRelay, by_agent
 
-        model = PPO(env=RankRelay, policies=["p_runner", "p_helper"], policy_mapping_fn=by_agent, num_envs=2,
-                    rollout_fragment_length=10, sgd_minibatch_size=8, num_sgd_iter=2, hiddens=(16,),
-                    total_env_steps=2 * 20 * 4, **common)
+        if mode == "multi_agent_dqn":  # per-policy replay: rank 1 steps p_helper on weight-0 placeholders
+            model = DQN(env=RankRelay, policies=["p_runner", "p_helper"], policy_mapping_fn=by_agent, num_envs=2,
+                        train_freq=10, learning_starts=20, num_gradient_steps=2, train_batch_size=8, buffer_size=200,
+                        hiddens=(16,), target_network_update_freq=40, total_env_steps=2 * 20 * 4, **common)
+        else:
+            model = PPO(env=RankRelay, policies=["p_runner", "p_helper"], policy_mapping_fn=by_agent, num_envs=2,
+                        rollout_fragment_length=10, sgd_minibatch_size=8, num_sgd_iter=2, hiddens=(16,),
+                        total_env_steps=2 * 20 * 4, **common)
     elif mode == "uneven":
         model = PPO(env=RankEnv, num_envs=2, rollout_fragment_length=8, sgd_minibatch_size=8,
                     total_env_steps=4 * 32, vectorization="sync", **common)

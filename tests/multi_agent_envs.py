@@ -68,3 +68,12 @@ class RankRelay(Relay):
         if seed is not None:
             self.join_at = 2 if seed < 1000 else 10**9
         return super().reset(seed=seed, options=options)
+
+
+class SilentRelay(Relay):
+    """Relay whose episode ends with the helper removed from ``agents`` without a done flag
+    (some envs do): the sampler must cut its trajectory there, as a truncation."""
+
+    def step(self, actions):
+        obs, rewards, terminations, truncations, infos = super().step(actions)
+        return obs, rewards, terminations, dict.fromkeys(truncations, False), infos

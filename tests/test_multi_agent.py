@@ -1,4 +1,4 @@
-"""Multi-agent PPO/A2C over PettingZoo parallel envs: policy mapping, per-policy batches and
+"""Multi-agent PPO/A2C/DQN over PettingZoo parallel envs: policy mapping, per-policy batches and
 learning, agents that join and leave mid-episode, and clear errors."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 import pytorch_lightning as pl
 import torch
 
-from lightning_rl import A2C, PPO
+from lightning_rl import A2C, DQN, PPO
 from tests.conftest import quiet_trainer
-from tests.multi_agent_envs import Relay, by_agent
+from tests.multi_agent_envs import Relay, SilentRelay, by_agent
 
 pytest.importorskip("pettingzoo")
 
@@ -225,9 +225,9 @@ def test_a_mapping_given_as_a_table_reloads_from_the_checkpoint_and_a_function_m
 
 
 def test_algorithms_without_multi_agent_support_say_so():
-    from lightning_rl import DQN, IMPALA
+    from lightning_rl import APEX, IMPALA, SAC
 
-    for algo in (DQN, IMPALA):
+    for algo in (SAC, IMPALA, APEX):
         with pytest.raises(ValueError, match=f"{algo.__name__} does not take multi-agent"):
             algo(env=Relay)
 
@@ -270,7 +270,7 @@ def test_an_env_factory_named_by_its_import_path_builds_and_reloads_from_the_che
     loaded = PPO.load_from_checkpoint(tmp_path / "path.ckpt")
     assert loaded.env_spec is Relay and loaded.hparams.env == "tests.multi_agent_envs.Relay"
     assert all(torch.equal(x, y) for x, y in zip(loaded.parameters(), model.parameters()))
-    with pytest.raises(ValueError, match="unknown env id 'tests.multi_agent_envs.Nothing'"):
+    with pytest.raises(ValueError, match=r"unknown env id 'tests\.multi_agent_envs\.Nothing'"):
         PPO(env="tests.multi_agent_envs.Nothing")
 
 
@@ -279,3 +279,90 @@ def test_an_env_module_that_fails_to_import_is_named_in_the_error(tmp_path, monk
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(ImportError, match="needs_missing_dep failed: No module named 'not_installed_anywhere'"):
         PPO(env="needs_missing_dep.env")
+
+
+def relay_dqn(**kwargs) -> DQN:
+    settings = dict(env=Relay, policies=["p_runner", "p_helper"], policy_mapping_fn=by_agent, num_envs=2,
+                    train_freq=6, learning_starts=12, num_gradient_steps=2, train_batch_size=8, buffer_size=100,
+                    target_network_update_freq=24, total_env_steps=120, seed=0, iterations_per_epoch=5,
+                    hiddens=(16,))
+    return DQN(**{**settings, **kwargs})
+
+
+def test_dqn_replays_n_step_transitions_along_each_agents_own_trajectory():
+    """Relay with n_step=2, gamma=0.9: the runner acts at t = 0..3 and terminates, the helper
+    acts at t = 2..5 and is truncated. Every transition in each policy's replay is checked
+    against that script: returns summed over the agent's own next steps, the window cut at
+    its termination (no bootstrap) and at its truncation (bootstrap from its final observation)."""
+    model = relay_dqn(num_envs=1, train_freq=12, learning_starts=10**6, n_step=2, gamma=0.9)
+    sample_once(model)
+    dm = model.default_datamodule
+    for pid, index, times in (("p_runner", 0, range(4)), ("p_helper", 1, range(2, 6))):
+        buffer = dm.buffers[pid]
+        cols = {k: v[: len(buffer)] for k, v in buffer._columns.items()}
+        assert len(buffer) == 8  # 4 steps in each of 2 episodes
+        action = {(int(o[2]), int(o[0])): int(a) for o, a in zip(cols["obs"], cols["actions"])}
+        for n in range(len(buffer)):
+            t, episode = int(cols["obs"][n][0]), int(cols["obs"][n][2])
+            assert t in times and cols["obs"][n][1] == index
+            window = [s for s in (t, t + 1) if s in times]
+            rewards = [s + 1 + 10 * index + 0.5 * action[(episode, s)] for s in window]  # Relay's reward
+            expected = sum(0.9 ** k * r for k, r in enumerate(rewards))
+            assert cols["rewards"][n] == pytest.approx(expected, rel=1e-6)
+            assert cols["next_obs"][n].tolist() == [window[-1] + 1, index, episode]
+            assert cols["discounts"][n] == pytest.approx(0.9 ** len(window))
+            assert bool(cols["terminateds"][n]) == (pid == "p_runner" and window[-1] == 3)
+
+
+def test_dqn_trains_only_its_policies_to_train_each_from_its_own_replay():
+    model = relay_dqn(policies_to_train=["p_runner"])
+    before = copy.deepcopy(model.state_dict())
+    seen = Batches()
+    quiet_trainer(max_epochs=-1, callbacks=[seen]).fit(model)
+    after = model.state_dict()
+    helper = [k for k in before if ".p_helper." in f".{k}"]
+    runner = [k for k in before if k.startswith("policies.p_runner.")]
+    assert helper and all(torch.equal(before[k], after[k]) for k in helper)  # online and target alike
+    assert not all(torch.equal(before[k], after[k]) for k in runner)
+    assert all(list(info) == ["p_runner"] for info in seen.infos if info)
+    c = model.counters
+    assert c["num_agent_steps_sampled"] == sum(b.info["agent_steps_sampled"] for b in seen.batches) > 120
+    assert c["num_agent_steps_trained"] == c["num_grad_updates"] * 8  # rows replayed, the runner's only
+    assert len(model.default_datamodule.buffers["p_helper"]) > 0 and len(model.configure_optimizers()) == 1
+
+
+def test_dqn_multi_agent_resume_is_bit_exact(tmp_path):
+    """Stopped mid-episode with n-step windows open: replay, windows, envs and counters resume."""
+    kwargs = dict(n_step=3, prioritized_replay=True, train_freq=5, total_env_steps=10**6)  # stops mid-episode
+    full = relay_dqn(**kwargs)
+    quiet_trainer(max_epochs=2, limit_train_batches=3, default_root_dir=tmp_path / "full").fit(full)
+    first = relay_dqn(**kwargs)
+    trainer = quiet_trainer(max_epochs=1, limit_train_batches=3, default_root_dir=tmp_path)
+    trainer.fit(first)
+    trainer.save_checkpoint(tmp_path / "mid.ckpt")
+    resumed = relay_dqn(**kwargs)
+    quiet_trainer(max_epochs=2, limit_train_batches=3, default_root_dir=tmp_path).fit(
+        resumed, ckpt_path=tmp_path / "mid.ckpt")
+    assert resumed.counters == full.counters and resumed.counters["num_grad_updates"] > 0
+    for x, y in zip(resumed.state_dict().values(), full.state_dict().values()):
+        torch.testing.assert_close(x, y, rtol=0, atol=0)
+
+
+def test_an_agent_dropped_without_a_done_flag_is_cut_as_a_truncation():
+    """SilentRelay's helper disappears at the episode end with no flag: PPO bootstraps its last
+    segment from its final observation, DQN's last windows end there (not terminated), and
+    no window runs into the next episode."""
+    model = relay_dqn(env=SilentRelay, num_envs=1, train_freq=12, learning_starts=10**6, n_step=2, gamma=0.9)
+    sample_once(model)
+    buffer = model.default_datamodule.buffers["p_helper"]
+    cols = {k: v[: len(buffer)] for k, v in buffer._columns.items()}
+    assert len(buffer) == 8 and not cols["terminateds"].any()
+    assert sorted(o[0] for o in cols["next_obs"].tolist()) == [4, 4, 5, 5, 6, 6, 6, 6]  # t = 5 and t = 4 end at 6
+    assert all(n[2] == o[2] for n, o in zip(cols["next_obs"].tolist(), cols["obs"].tolist()))  # same episode
+
+    ppo = relay_ppo(env=SilentRelay, num_envs=1, rollout_fragment_length=12, gamma=0.9, lambda_=0.8)
+    helper = sample_once(ppo).policy_batches["p_helper"]
+    assert not helper["terminateds"].any() and not helper["truncateds"].any() and helper.count == 8
+    with torch.no_grad():  # the last step's value target bootstraps from the final observation (t = 6)
+        bootstrap = float(ppo.policies["p_helper"].value(torch.tensor([[6.0, 1.0, 0.0]])))
+    assert float(helper["value_targets"][3]) == pytest.approx(float(helper["rewards"][3]) + 0.9 * bootstrap, rel=1e-5)

@@ -120,6 +120,8 @@ class APEX(DQN):
             self.num_gradient_steps = max(1, round(training_intensity * per_iteration / train_batch_size))
         self.training_intensity = training_intensity
 
+    supports_multi_agent = False  # its workers sample single-agent envs
+
     def exploration_kwargs(self, policy_id: str) -> dict[str, Any]:
         """Worker 0's epsilon: what the learner process samples with when ``num_workers=0``."""
         return {"epsilon": self.default_datamodule.epsilons[0]}

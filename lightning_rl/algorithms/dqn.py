@@ -9,9 +9,9 @@ from typing import Any
 
 import torch
 
-from lightning_rl.algorithms.base import Schedule
+from lightning_rl.algorithms.base import PolicyMapping, Schedule
 from lightning_rl.algorithms.off_policy import OffPolicyModule
-from lightning_rl.batch import DEFAULT_POLICY_ID, SampleBatch
+from lightning_rl.batch import SampleBatch
 from lightning_rl.data.envs import EnvSpec
 from lightning_rl.functional import double_q_target, huber_loss, soft_update_
 from lightning_rl.nn.q_models import QNetwork
@@ -43,6 +43,8 @@ class DQN(OffPolicyModule):
         prioritized_replay_eps: proportional prioritized replay; beta anneals to 1 over
             ``total_env_steps``.
         checkpoint_replay_buffer: keep the replay buffer in checkpoints (exact resume).
+        policies, policy_mapping_fn, policies_to_train: multi-agent (a PettingZoo env), as for
+            PPO; each policy has its own replay, Q-network and target (``MultiAgentReplayDataModule``).
 
     See ``OffPolicyModule``/``RLModule`` and the README for the shared hyperparameters.
     """
@@ -86,6 +88,9 @@ class DQN(OffPolicyModule):
         prioritized_replay_beta: float = 0.4,
         prioritized_replay_eps: float = 1e-6,
         checkpoint_replay_buffer: bool = True,
+        policies: Sequence[str] | dict[str, dict[str, Any]] | None = None,
+        policy_mapping_fn: PolicyMapping | None = None,
+        policies_to_train: Sequence[str] | None = None,
     ) -> None:
         super().__init__(
             env=env, num_envs=num_envs, total_env_steps=total_env_steps, iterations_per_epoch=iterations_per_epoch,
@@ -97,7 +102,8 @@ class DQN(OffPolicyModule):
             train_batch_size=train_batch_size, n_step=n_step, target_network_update_freq=target_network_update_freq,
             tau=tau, prioritized_replay=prioritized_replay, prioritized_replay_alpha=prioritized_replay_alpha,
             prioritized_replay_beta=prioritized_replay_beta, prioritized_replay_eps=prioritized_replay_eps,
-            checkpoint_replay_buffer=checkpoint_replay_buffer,
+            checkpoint_replay_buffer=checkpoint_replay_buffer, policies=policies,
+            policy_mapping_fn=policy_mapping_fn, policies_to_train=policies_to_train,
         )
         self.save_hyperparameters()
         if not 0.0 <= epsilon_end <= 1.0 or not 0.0 <= epsilon_start <= 1.0:
@@ -106,11 +112,14 @@ class DQN(OffPolicyModule):
         with torch.random.fork_rng():
             if seed is not None:
                 torch.manual_seed(seed)
-            self.policies[DEFAULT_POLICY_ID] = QNetwork(
-                self.observation_space, self.action_space, hiddens, activation, dueling
-            )
+            for policy_id, (obs_space, action_space) in self.policy_spaces.items():
+                settings = {"hiddens": hiddens, "activation": activation, "dueling": dueling,
+                            **self.policy_config[policy_id]}  # per-policy hiddens etc.
+                self.policies[policy_id] = QNetwork(obs_space, action_space, **settings)
         self.target_q = copy.deepcopy(self.policies).requires_grad_(False)
         self.epsilon_points = [(0.0, epsilon_start), (float(max(epsilon_timesteps, 1)), epsilon_end)]
+
+    supports_multi_agent = True  # per-policy replay (MultiAgentReplayDataModule)
 
     def configure_optimizers(self) -> Any:
         return [torch.optim.Adam(self.policies[pid].parameters(), lr=self.lr, fused=True)

@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from lightning_rl.algorithms.base import RLModule, Schedule, check_gamma, check_positive, resolve_schedule
+import gymnasium as gym
+import torch
+
+from lightning_rl.algorithms.base import (
+    PolicyMapping,
+    RLModule,
+    Schedule,
+    check_gamma,
+    check_positive,
+    resolve_schedule,
+)
 from lightning_rl.batch import MultiAgentBatch, SampleBatch
 from lightning_rl.data.envs import EnvSpec
+from lightning_rl.data.multi_agent_replay import MultiAgentReplayDataModule
 from lightning_rl.data.replay import ReplayDataModule
+from lightning_rl.distributed import all_reduce_max
 from lightning_rl.learner_info import LEARNER_STATS_KEY, LearnerInfoBuilder
 
 
@@ -59,11 +72,15 @@ class OffPolicyModule(RLModule):
         prioritized_replay_beta: float,
         prioritized_replay_eps: float,
         checkpoint_replay_buffer: bool,
+        policies: Sequence[str] | dict[str, dict[str, Any]] | None = None,
+        policy_mapping_fn: PolicyMapping | None = None,
+        policies_to_train: Sequence[str] | None = None,
     ) -> None:
         super().__init__(
             env=env, total_env_steps=total_env_steps, seed=seed, num_cpu_threads=num_cpu_threads,
             cpu_affinity=cpu_affinity, evaluation_interval=evaluation_interval,
-            evaluation_num_episodes=evaluation_num_episodes, compile=compile,
+            evaluation_num_episodes=evaluation_num_episodes, compile=compile, policies=policies,
+            policy_mapping_fn=policy_mapping_fn, policies_to_train=policies_to_train,
         )
         check_positive(lr=lr, grad_clip=grad_clip, num_gradient_steps=num_gradient_steps,
                        train_batch_size=train_batch_size)
@@ -88,15 +105,18 @@ class OffPolicyModule(RLModule):
         self.prioritized_replay_beta = prioritized_replay_beta
         self.beta_points = None if total_env_steps is None else [(0.0, prioritized_replay_beta),
                                                                  (float(total_env_steps), 1.0)]
-        self.default_datamodule = ReplayDataModule(
-            self.env_spec, num_envs=num_envs, buffer_size=buffer_size, learning_starts=learning_starts,
-            train_freq=train_freq,
-            n_step=n_step, gamma=gamma, prioritized_replay=prioritized_replay,
-            prioritized_replay_alpha=prioritized_replay_alpha, prioritized_replay_eps=prioritized_replay_eps,
-            vectorization=vectorization, seed=seed, iterations_per_epoch=iterations_per_epoch,
-            sampling_device=sampling_device, checkpoint_replay_buffer=checkpoint_replay_buffer,
-            check_finite=check_finite,
-        )
+        replay = dict(num_envs=num_envs, buffer_size=buffer_size, learning_starts=learning_starts,
+                      train_freq=train_freq, n_step=n_step, gamma=gamma, prioritized_replay=prioritized_replay,
+                      prioritized_replay_alpha=prioritized_replay_alpha,
+                      prioritized_replay_eps=prioritized_replay_eps, seed=seed,
+                      iterations_per_epoch=iterations_per_epoch, sampling_device=sampling_device,
+                      checkpoint_replay_buffer=checkpoint_replay_buffer)
+        if self.multi_agent:
+            self.default_datamodule = MultiAgentReplayDataModule(self.env_spec, self.policy_mapping_fn,
+                                                                 self.policy_spaces, **replay)
+        else:
+            self.default_datamodule = ReplayDataModule(self.env_spec, vectorization=vectorization,
+                                                       check_finite=check_finite, **replay)
         self._last_target_update = 0
 
     def update(self, policy_id: str, batch: SampleBatch) -> dict[str, Any]:
@@ -111,6 +131,17 @@ class OffPolicyModule(RLModule):
         replay = batch.replay
         if replay is None:  # still filling the buffer (the same decision on every rank)
             return 0
+        policy_ids, placeholders = self.policies_to_train, set()
+        if self.multi_agent:  # a policy's agents may not have acted yet, here or on any rank
+            counts = [replay.count(pid) for pid in policy_ids]
+            most = counts
+            if self.trainer.world_size > 1:
+                most = [int(c) for c in all_reduce_max(torch.tensor(counts, dtype=torch.float64,
+                                                                    device=self.device)).tolist()]
+            placeholders = {pid for pid, c in zip(policy_ids, counts) if c == 0}
+            policy_ids = [pid for pid, m in zip(policy_ids, most) if m > 0]
+            if not policy_ids:
+                return 0
         optimizers = self.optimizers()
         lr = self.set_lr(self.current(self.lr_points, self.lr), *(optimizers if isinstance(optimizers, list)
                                                                   else [optimizers]))
@@ -120,21 +151,42 @@ class OffPolicyModule(RLModule):
             # learner trains: every minibatch of the iteration comes from one draw and one gather.
             policy_id: replay.sample_minibatch(policy_id, self.num_gradient_steps * self.train_batch_size)
             .to(self.device).minibatches(self.train_batch_size, shuffle=False)
-            for policy_id in self.policies_to_train
+            for policy_id in policy_ids if policy_id not in placeholders
         }
         for _ in range(self.num_gradient_steps):
-            for policy_id in self.policies_to_train:
-                minibatch = next(drawn[policy_id]) if drawn else replay.sample_minibatch(
-                    policy_id, self.train_batch_size, beta).to(self.device)
+            for policy_id in policy_ids:
+                if policy_id in placeholders:  # DDP: no rows here, the other ranks' gradients count
+                    minibatch = self.placeholder_batch(policy_id)
+                elif drawn:
+                    minibatch = next(drawn[policy_id])
+                else:
+                    minibatch = replay.sample_minibatch(policy_id, self.train_batch_size, beta).to(self.device)
                 results = self.update(policy_id, minibatch)
-                if replay.prioritized_replay:
+                if replay.prioritized_replay and policy_id not in placeholders:
                     replay.update_priorities(policy_id, minibatch[SampleBatch.BATCH_INDEXES], results["td_error"])
                 results[LEARNER_STATS_KEY].update(cur_lr=lr, replay_beta=beta)
                 builder.add_learn_on_batch_results(results, policy_id)
             self.counters["num_grad_updates"] += 1
             if self.target_update_due():
                 self.update_targets()
-        return self.num_gradient_steps * self.train_batch_size * len(self.policies_to_train)
+        return self.num_gradient_steps * self.train_batch_size * len(set(policy_ids) - placeholders)
+
+    def placeholder_batch(self, policy_id: str) -> SampleBatch:
+        """``train_batch_size`` rows of a transition of zeros with importance weight 0: what a DDP
+        rank without transitions of a policy steps on (its gradient is zero; the all-reduce
+        averages the others')."""
+        obs_space, action_space = self.policy_spaces[policy_id]
+        n = self.train_batch_size
+        obs = torch.zeros((n, *(obs_space.shape or ())), dtype=torch.float32, device=self.device)
+        actions = torch.zeros((n, *(action_space.shape or ())), device=self.device,
+                              dtype=torch.float32 if isinstance(action_space, gym.spaces.Box) else torch.int64)
+        zeros = torch.zeros(n, device=self.device)
+        return SampleBatch({
+            SampleBatch.OBS: obs, SampleBatch.ACTIONS: actions, SampleBatch.REWARDS: zeros,
+            SampleBatch.NEXT_OBS: obs, SampleBatch.TERMINATEDS: torch.ones(n, dtype=torch.bool, device=self.device),
+            SampleBatch.DISCOUNTS: zeros, SampleBatch.WEIGHTS: zeros,
+            SampleBatch.BATCH_INDEXES: torch.zeros(n, dtype=torch.int64, device=self.device),
+        })
 
     def target_update_due(self) -> bool:
         """True when ``target_network_update_freq`` global env steps passed since the last update

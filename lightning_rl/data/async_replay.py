@@ -23,7 +23,7 @@ from lightning_rl.checkpoint import pack_rank_states, unpack_rank_state
 from lightning_rl.data.async_sampling import POLICY_VERSION, AsyncSamplingDataModule, FragmentTask, _Fragment
 from lightning_rl.data.base import rank_seed
 from lightning_rl.data.envs import EnvSpec
-from lightning_rl.data.replay_buffer import ReplayBuffer, TransitionReplayBuffer
+from lightning_rl.data.replay_buffer import NStepWindows, ReplayBuffer, TransitionReplayBuffer
 from lightning_rl.data.rollout import RolloutDataModule
 from lightning_rl.data.sum_tree import ProportionalPriorities
 from lightning_rl.functional import double_q_target
@@ -41,31 +41,6 @@ def worker_epsilons(num_workers: int, epsilon: float = 0.4, alpha: float = 7.0) 
     return [float(epsilon ** (1 + alpha * i / (num_workers - 1))) for i in range(num_workers)]
 
 
-class _NStepWindows(ReplayBuffer):
-    """A worker's n-step windows: ``ReplayBuffer``'s lock-step ring per env (so no env's steps
-    enter another env's window, and episode ends cut windows exactly as in the learner's
-    replay), just long enough for one fragment; it hands out each transition once, when its
-    window completes."""
-
-    def __init__(self, observation_space: gym.Space, action_space: gym.Space, num_envs: int,
-                 rollout_fragment_length: int, n_step: int, gamma: float) -> None:
-        rows = rollout_fragment_length + n_step + 2  # a row completes within n_step adds of its own
-        super().__init__(rows * num_envs, observation_space, action_space, num_envs, n_step, gamma)
-        self._completed: list[np.ndarray] = []
-
-    def _on_sampleable(self, flat: np.ndarray) -> None:
-        self._completed.append(flat)
-
-    def add_fragment(self, rollout: dict[str, torch.Tensor], valid: torch.Tensor) -> SampleBatch:
-        """Add a ``[T, N]`` fragment step by step; the transitions whose windows it completed."""
-        for t in range(valid.shape[0]):
-            self.add(rollout[SampleBatch.OBS][t], rollout[SampleBatch.ACTIONS][t], rollout[SampleBatch.REWARDS][t],
-                     rollout[SampleBatch.TERMINATEDS][t], rollout[SampleBatch.TRUNCATEDS][t], valid[t])
-        flat = np.concatenate(self._completed) if self._completed else np.zeros(0, dtype=np.int64)
-        self._completed = []
-        return self._transitions(flat)
-
-
 class NStepPriorityTask(FragmentTask):
     """An APEX worker's job: its fragment as n-step transitions with their TD errors under the
     worker's own Q-network (online and target alike: a worker has one copy), from which the
@@ -76,21 +51,21 @@ class NStepPriorityTask(FragmentTask):
         self.spaces = (observation_space, action_space)
         self.num_envs, self.rollout_fragment_length = num_envs, rollout_fragment_length
         self.n_step, self.gamma, self.epsilon = n_step, gamma, epsilon
-        self._windows: _NStepWindows | None = None  # made in the worker, on first use
+        self._windows: NStepWindows | None = None  # made in the worker, on first use
 
     def exploration(self) -> dict[str, Any]:
         return {"epsilon": self.epsilon}
 
     def columns(self, policy: nn.Module, sampler: RolloutDataModule) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         rows = (self.rollout_fragment_length + self.n_step) * self.num_envs  # the most one fragment completes
-        probe = _NStepWindows(*self.spaces, 1, 1, self.n_step, self.gamma)._transitions(np.zeros(1, dtype=np.int64))
+        probe = NStepWindows(*self.spaces, 1, 1, self.n_step, self.gamma)._transitions(np.zeros(1, dtype=np.int64))
         cols = {k: ((rows, *v.shape[1:]), v.dtype) for k, v in probe.items() if k in TransitionReplayBuffer.COLUMNS}
         cols[TD_ERROR] = ((rows,), torch.float32)
         return cols
 
-    def windows(self) -> _NStepWindows:
+    def windows(self) -> NStepWindows:
         if self._windows is None:
-            self._windows = _NStepWindows(*self.spaces, self.num_envs, self.rollout_fragment_length, self.n_step,
+            self._windows = NStepWindows(*self.spaces, self.num_envs, self.rollout_fragment_length, self.n_step,
                                           self.gamma)
         return self._windows
 

@@ -526,6 +526,36 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self.prio.load(_as_numpy(state["priorities"]), self._sampleable_flat, state["max_priority"])
 
 
+class NStepWindows(ReplayBuffer):
+    """n-step windows that hand out each transition once, when its window completes: what an
+    actor that sends whole transitions on needs (an APEX worker's envs, each agent of a
+    multi-agent env). ``ReplayBuffer``'s lock-step ring per env (so no env's steps enter
+    another env's window, and episode ends cut windows exactly as in the learner's replay),
+    just long enough for ``steps`` adds between two ``drain`` calls."""
+
+    def __init__(self, observation_space: gym.Space, action_space: gym.Space, num_envs: int, steps: int,
+                 n_step: int, gamma: float) -> None:
+        rows = steps + n_step + 2  # a row completes within n_step adds of its own
+        super().__init__(rows * num_envs, observation_space, action_space, num_envs, n_step, gamma)
+        self._completed: list[np.ndarray] = []
+
+    def _on_sampleable(self, flat: np.ndarray) -> None:
+        self._completed.append(flat)
+
+    def drain(self) -> SampleBatch:
+        """The transitions whose windows completed since the last call."""
+        flat = np.concatenate(self._completed) if self._completed else np.zeros(0, dtype=np.int64)
+        self._completed = []
+        return self._transitions(flat)
+
+    def add_fragment(self, rollout: dict[str, torch.Tensor], valid: torch.Tensor) -> SampleBatch:
+        """Add a ``[T, N]`` fragment step by step; the transitions whose windows it completed."""
+        for t in range(valid.shape[0]):
+            self.add(rollout[SampleBatch.OBS][t], rollout[SampleBatch.ACTIONS][t], rollout[SampleBatch.REWARDS][t],
+                     rollout[SampleBatch.TERMINATEDS][t], rollout[SampleBatch.TRUNCATEDS][t], valid[t])
+        return self.drain()
+
+
 class TransitionReplayBuffer:
     """Prioritized replay of whole n-step transitions inserted one at a time, in any order: what
     asynchronous actors need (APEX), whose transitions arrive out of step with each other's.
@@ -569,26 +599,33 @@ class TransitionReplayBuffer:
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self._columns.values()) + self.prio.nbytes
 
-    def add(self, transitions: dict[str, Any], td_errors: Any) -> np.ndarray:
-        """Insert ``[K]`` transitions (the ``COLUMNS``) with priorities ``(|td_errors| + eps)**alpha``;
-        returns their ``batch_indexes``. The oldest transitions are overwritten."""
-        td = _as_numpy(td_errors).astype(np.float64).reshape(-1)
-        k = td.size
+    def add(self, transitions: dict[str, Any], td_errors: Any = None) -> np.ndarray:
+        """Insert ``[K]`` transitions (the ``COLUMNS``) with priorities ``(|td_errors| + eps)**alpha``,
+        or the largest priority so far when ``td_errors`` is None (new transitions are drawn
+        first, as in Schaul et al.); returns their ``batch_indexes``. The oldest transitions are
+        overwritten."""
+        k = len(transitions[SampleBatch.REWARDS])
+        td = None if td_errors is None else _as_numpy(td_errors).astype(np.float64).reshape(-1)
+        if td is not None:
+            k = td.size
         for key in self.COLUMNS:
             if len(transitions[key]) != k:
                 raise ValueError(f"add: {len(transitions[key])} rows of {key!r} for {k} td_errors")
         if k == 0:
             return np.zeros(0, dtype=np.int64)
-        if not np.isfinite(td).all():
+        if td is not None and not np.isfinite(td).all():
             raise ValueError("add: td_errors contain NaN or inf")
         ids = self.num_added + np.arange(k, dtype=np.int64)
         if k > self.capacity:  # only the newest fit
-            ids, td = ids[-self.capacity:], td[-self.capacity:]
+            ids, td = ids[-self.capacity:], None if td is None else td[-self.capacity:]
             transitions = {key: transitions[key][-self.capacity:] for key in self.COLUMNS}
         slots = ids % self.capacity
         for key in self.COLUMNS:
             self._columns[key][slots] = _as_numpy(transitions[key])
-        self.prio.set(slots, self.prio.from_td(td))
+        if td is None:
+            self.prio.set_max(slots)
+        else:
+            self.prio.set(slots, self.prio.from_td(td))
         self.num_added += k
         return ids
 
