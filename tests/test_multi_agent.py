@@ -366,3 +366,20 @@ def test_an_agent_dropped_without_a_done_flag_is_cut_as_a_truncation():
     with torch.no_grad():  # the last step's value target bootstraps from the final observation (t = 6)
         bootstrap = float(ppo.policies["p_helper"].value(torch.tensor([[6.0, 1.0, 0.0]])))
     assert float(helper["value_targets"][3]) == pytest.approx(float(helper["rewards"][3]) + 0.9 * bootstrap, rel=1e-5)
+
+
+def test_compiled_multi_agent_a2c_pads_to_one_shape_and_matches_eager():
+    """A2C steps once on a policy's whole batch, whose rows vary with its agents: compiled, it
+    pads to the most rows the policy can have, so each policy's graph compiles once."""
+    kwargs = dict(env=Relay, policies=["p_runner", "p_helper"], policy_mapping_fn=by_agent, num_envs=2,
+                  rollout_fragment_length=7, total_env_steps=14 * 4, seed=0, hiddens=(16,))
+    eager = A2C(**kwargs)
+    quiet_trainer(max_epochs=-1).fit(eager)
+    torch.compiler.reset()
+    compiled = A2C(**kwargs, compile=True)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        quiet_trainer(max_epochs=-1).fit(compiled)
+    assert all(step.compiled for step in compiled._update_steps.values())
+    assert compiled.most_policy_rows("p_helper") == 14 and compiled.most_policy_rows("p_runner") == 14
+    for x, y in zip(compiled.parameters(), eager.parameters()):
+        torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5)

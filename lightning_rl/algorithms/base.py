@@ -209,10 +209,15 @@ class RLModule(pl.LightningModule):
                              f"which env={env!r} is not")
         if self.multi_agent:
             self.policy_mapping_fn = policy_mapping_fn or default_policy_mapping
-            self.policy_spaces = policy_spaces(agent_spaces(env), list(self.policy_config), self.policy_mapping_fn)
+            spaces = agent_spaces(env)
+            self.policy_spaces = policy_spaces(spaces, list(self.policy_config), self.policy_mapping_fn)
         else:
             self.policy_mapping_fn = None
-            self.policy_spaces = {DEFAULT_POLICY_ID: env_spaces(env)}
+            spaces = {"agent_0": env_spaces(env)}
+            self.policy_spaces = {DEFAULT_POLICY_ID: spaces["agent_0"]}
+        self.policy_agents: dict[str, list[str]] = {pid: [] for pid in self.policy_spaces}  # possible agents
+        for agent in spaces:
+            self.policy_agents[self.policy_mapping_fn(agent) if self.multi_agent else DEFAULT_POLICY_ID].append(agent)
         # the first policy's spaces: what single-agent code reads
         self.observation_space, self.action_space = next(iter(self.policy_spaces.values()))
         self.counters: dict[str, int] = dict.fromkeys(COUNTER_NAMES, 0)

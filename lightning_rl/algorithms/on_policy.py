@@ -162,16 +162,28 @@ class OnPolicyModule(RLModule):
         schedule never recompiles)."""
         return {}
 
-    def minibatch_plan(self, rows: int) -> tuple[int, int]:
+    def minibatch_plan(self, rows: int, policy_id: str = DEFAULT_POLICY_ID) -> tuple[int, int]:
         """``(minibatches per epoch, padded minibatch size)`` for a policy batch of ``rows``.
         Single-agent: fixed by the train batch (the rollout drops only reset steps). Multi-agent,
         where a policy's rows vary with its agents: ``ceil(rows / sgd_minibatch_size)`` of at
-        most ``sgd_minibatch_size`` (``minibatches_per_epoch`` when an algorithm fixes it)."""
+        most ``sgd_minibatch_size``; where an algorithm fixes ``minibatches_per_epoch`` (A2C),
+        minibatches of ``rows / minibatches_per_epoch``, or with ``compile`` of the most rows
+        the policy can have (one shape: one static graph, not one per row count)."""
         if not self.multi_agent:
             return self.num_minibatches, -(-self.train_batch_size // self.num_minibatches)
         if self.minibatches_per_epoch is not None:
+            if self.compile:
+                rows = max(rows, self.most_policy_rows(policy_id))
             return self.minibatches_per_epoch, -(-rows // self.minibatches_per_epoch)
         return max(1, math.ceil(rows / self.sgd_minibatch_size)), self.sgd_minibatch_size
+
+    def most_policy_rows(self, policy_id: str) -> int:
+        """The most rows one iteration can give ``policy_id``: each of its agents acts at most once
+        per env step (counting agent steps, the envs stop within one step of the train batch)."""
+        dm = self.default_datamodule
+        if getattr(dm, "count_steps_by", "env_steps") == "agent_steps":
+            return self.train_batch_size + dm.num_envs * len(self.policy_agents[policy_id])
+        return self.train_batch_size * len(self.policy_agents[policy_id])
 
     minibatches_per_epoch: int | None = None  # A2C: 1, one step on the whole batch
     supports_multi_agent = True
@@ -241,7 +253,7 @@ class OnPolicyModule(RLModule):
         step = self.update_step(f"loss/{policy_id}", dict(self.policies[policy_id].named_parameters()), optimizer,
                                 policy_loss(self.loss, policy_id), self.grad_clip)
         scalars = self.loss_scalars(policy_id)
-        num_minibatches, size = self.minibatch_plan(batch.count if plan_rows is None else plan_rows)
+        num_minibatches, size = self.minibatch_plan(batch.count if plan_rows is None else plan_rows, policy_id)
         pad = step.compiled or (plan_rows is not None and plan_rows != batch.count)
         for _ in range(self.num_sgd_iter):
             order = torch.randperm(batch.count, generator=self.shuffle_generator).to(self.device)
