@@ -131,7 +131,11 @@ def main(out: Path, mode: str) -> None:
     elif mode.startswith("multi_agent"):  # rank 1's envs never see the helper: its policy has rows on rank 0 only
         from tests.multi_agent_envs import RankRelay, by_agent
 
-        if mode == "multi_agent_dqn":  # per-policy replay: rank 1 steps p_helper on weight-0 placeholders
+        if mode == "multi_agent_impala":  # a sampler worker per rank; rank 1's helper columns are all invalid
+            model = IMPALA(env=RankRelay, policies=["p_runner", "p_helper"], policy_mapping_fn=by_agent,
+                           num_workers=1, num_envs=2, rollout_fragment_length=10, train_batch_size=20,
+                           hiddens=(16,), total_env_steps=2 * 20 * 4, sampler_timeout_s=60.0, **common)
+        elif mode == "multi_agent_dqn":  # per-policy replay: rank 1 steps p_helper on weight-0 placeholders
             model = DQN(env=RankRelay, policies=["p_runner", "p_helper"], policy_mapping_fn=by_agent, num_envs=2,
                         train_freq=10, learning_starts=20, num_gradient_steps=2, train_batch_size=8, buffer_size=200,
                         hiddens=(16,), target_network_update_freq=40, total_env_steps=2 * 20 * 4, **common)

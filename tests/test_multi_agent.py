@@ -225,9 +225,9 @@ def test_a_mapping_given_as_a_table_reloads_from_the_checkpoint_and_a_function_m
 
 
 def test_algorithms_without_multi_agent_support_say_so():
-    from lightning_rl import APEX, IMPALA, SAC
+    from lightning_rl import A3C, APEX, SAC
 
-    for algo in (SAC, IMPALA, APEX):
+    for algo in (SAC, APEX, A3C):
         with pytest.raises(ValueError, match=f"{algo.__name__} does not take multi-agent"):
             algo(env=Relay)
 
@@ -383,3 +383,86 @@ def test_compiled_multi_agent_a2c_pads_to_one_shape_and_matches_eager():
     assert compiled.most_policy_rows("p_helper") == 14 and compiled.most_policy_rows("p_runner") == 14
     for x, y in zip(compiled.parameters(), eager.parameters()):
         torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5)
+
+
+def relay_impala(algo=None, **kwargs):
+    from lightning_rl import IMPALA
+
+    settings = dict(env=Relay, policies=["p_runner", "p_helper"], policy_mapping_fn=by_agent, num_workers=0,
+                    num_envs=2, rollout_fragment_length=5, train_batch_size=10, total_env_steps=100, seed=0,
+                    iterations_per_epoch=5, hiddens=(16,), sampler_timeout_s=30.0)
+    return (algo or IMPALA)(**{**settings, **kwargs})
+
+
+def test_impala_fragments_have_a_time_major_column_per_env_and_agent():
+    """Relay, 7-step fragments: the runner acts at t = 0..3 and terminates; the next row holds
+    its final observation (invalid), as V-trace reads it. The episode ends at t = 5 (the
+    helper truncated) and the env spends t = 6 on its reset; the helper joins at t = 2."""
+    batch = sample_once(relay_impala(num_envs=1, rollout_fragment_length=7, train_batch_size=7))
+    runner, helper = batch.policy_batches["p_runner"], batch.policy_batches["p_helper"]
+    assert runner["obs"].shape == (7, 1, 3) and runner["bootstrap_obs"].shape == (1, 3)
+    assert runner["valid"][:, 0].tolist() == [True] * 4 + [False] * 3
+    assert runner["obs"][:5, 0, 0].tolist() == [0, 1, 2, 3, 4]  # t = 4: the final observation after it left
+    assert runner["terminateds"][:, 0].tolist() == [False] * 3 + [True] + [False] * 3
+    assert helper["valid"][:, 0].tolist() == [False, False, True, True, True, True, False]
+    assert helper["obs"][2:7, 0, 0].tolist() == [2, 3, 4, 5, 6]  # t = 6: its final observation (the reset step)
+    assert helper["truncateds"][:, 0].tolist() == [False] * 5 + [True, False]
+    assert not helper["terminateds"].any()
+    assert batch.env_steps == 7 and batch.info["agent_steps_sampled"] == 8
+    # the fragment ended on the reset step: the next fragment starts the new episode
+    assert runner["bootstrap_obs"][0].tolist() == [0, 0, 1]
+
+
+@pytest.mark.parametrize("algo_name", ["IMPALA", "APPO"])
+def test_impala_and_appo_train_only_their_policies_to_train_with_sampler_workers(algo_name):
+    import lightning_rl
+    from tests.test_async import children
+    from tests.test_env_faults import live_pids
+
+    model = relay_impala(getattr(lightning_rl, algo_name), num_workers=1, policies_to_train=["p_runner"])
+    before = copy.deepcopy(model.policies.state_dict())
+    seen = Batches()
+    processes = set(children())
+    quiet_trainer(max_epochs=-1, callbacks=[seen]).fit(model)
+    assert not live_pids([p for p in children() if p not in processes], grace_s=3.0)  # the worker is gone
+    after = model.policies.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before if k.startswith("p_helper."))
+    assert not all(torch.equal(before[k], after[k]) for k in before if k.startswith("p_runner."))
+    assert all(list(info) == ["p_runner"] for info in seen.infos)
+    valid = {p: sum(int(b.policy_batches[p]["valid"].sum()) for b in seen.batches) for p in ("p_runner", "p_helper")}
+    assert model.counters["num_agent_steps_sampled"] == valid["p_runner"] + valid["p_helper"]
+    assert model.counters["num_agent_steps_trained"] == valid["p_runner"] > 0
+    assert model.counters["num_env_steps_sampled"] == 100
+
+
+def test_a_worker_samples_the_multi_agent_fragment_the_learner_process_samples():
+    models = (relay_impala(num_workers=0), relay_impala(num_workers=1))
+    dms = [m.default_datamodule for m in models]
+    for m, dm in zip(models, dms):
+        dm.connect(m)
+        dm.setup("fit")
+    try:
+        a, b = (dm.sample() for dm in dms)
+        for pid in ("p_runner", "p_helper"):
+            for key in ("obs", "actions", "action_logp", "rewards", "terminateds", "truncateds", "valid",
+                        "bootstrap_obs"):
+                torch.testing.assert_close(a.policy_batches[pid][key], b.policy_batches[pid][key], rtol=0, atol=0)
+    finally:
+        for dm in dms:
+            dm.close()
+
+
+def test_impala_multi_agent_resume_is_bit_exact_without_workers(tmp_path):
+    kwargs = dict(rollout_fragment_length=4, train_batch_size=8, total_env_steps=10**6)  # stops mid-episode
+    full = relay_impala(**kwargs)
+    quiet_trainer(max_epochs=2, limit_train_batches=3, default_root_dir=tmp_path / "full").fit(full)
+    first = relay_impala(**kwargs)
+    trainer = quiet_trainer(max_epochs=1, limit_train_batches=3, default_root_dir=tmp_path)
+    trainer.fit(first)
+    trainer.save_checkpoint(tmp_path / "mid.ckpt")
+    resumed = relay_impala(**kwargs)
+    quiet_trainer(max_epochs=2, limit_train_batches=3, default_root_dir=tmp_path).fit(
+        resumed, ckpt_path=tmp_path / "mid.ckpt")
+    assert resumed.counters == full.counters and resumed.counters["num_iterations"] == 6
+    for x, y in zip(resumed.parameters(), full.parameters()):
+        torch.testing.assert_close(x, y, rtol=0, atol=0)

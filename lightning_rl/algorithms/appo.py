@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lightning_rl.algorithms.base import Schedule, check_positive
+from lightning_rl.algorithms.base import PolicyMapping, Schedule, check_positive
 from lightning_rl.algorithms.impala import IMPALA
 from lightning_rl.batch import SampleBatch
 from lightning_rl.data.async_sampling import VALID
@@ -83,6 +83,9 @@ class APPO(IMPALA):
         use_kl_loss: bool = False,
         kl_coeff: float = 1.0,
         target_network_update_freq: int = 1000,
+        policies: Sequence[str] | dict[str, dict[str, Any]] | None = None,
+        policy_mapping_fn: PolicyMapping | None = None,
+        policies_to_train: Sequence[str] | None = None,
     ) -> None:
         super().__init__(
             env=env, num_workers=num_workers, num_envs=num_envs,
@@ -98,7 +101,8 @@ class APPO(IMPALA):
             lr_schedule=lr_schedule, gamma=gamma, lambda_=lambda_, grad_clip=grad_clip, vf_loss_coeff=vf_loss_coeff,
             entropy_coeff=entropy_coeff, vtrace_clip_rho_threshold=vtrace_clip_rho_threshold,
             vtrace_clip_pg_rho_threshold=vtrace_clip_pg_rho_threshold, hiddens=hiddens, activation=activation,
-            vf_share_layers=vf_share_layers, log_std_init=log_std_init,
+            vf_share_layers=vf_share_layers, log_std_init=log_std_init, policies=policies,
+            policy_mapping_fn=policy_mapping_fn, policies_to_train=policies_to_train,
         )
         self.save_hyperparameters()
         check_positive(clip_param=clip_param, target_network_update_freq=target_network_update_freq)

@@ -9,8 +9,15 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lightning_rl.algorithms.base import RLModule, Schedule, check_gamma, check_positive, resolve_schedule
-from lightning_rl.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
+from lightning_rl.algorithms.base import (
+    PolicyMapping,
+    RLModule,
+    Schedule,
+    check_gamma,
+    check_positive,
+    resolve_schedule,
+)
+from lightning_rl.batch import MultiAgentBatch, SampleBatch
 from lightning_rl.data.async_sampling import BOOTSTRAP_OBS, VALID, AsyncSamplingDataModule
 from lightning_rl.data.envs import EnvSpec
 from lightning_rl.functional import explained_variance, masked_mean, vtrace
@@ -40,6 +47,8 @@ class IMPALA(RLModule):
         vtrace_clip_rho_threshold, vtrace_clip_pg_rho_threshold: V-trace's clips of the
             importance ratio in the value targets and the policy gradient (``None``: no clip).
         lambda_: V-trace's trace decay (1: the paper's; lower trades bias for variance, as GAE's).
+        policies, policy_mapping_fn, policies_to_train: multi-agent (a PettingZoo env), as for
+            PPO: each policy's batch has a time-major column per (env, agent mapped to it).
 
     See ``RLModule`` and the README for the shared hyperparameters.
     """
@@ -82,11 +91,15 @@ class IMPALA(RLModule):
         activation: str = "tanh",
         vf_share_layers: bool = False,
         log_std_init: float = 0.0,
+        policies: Sequence[str] | dict[str, dict[str, Any]] | None = None,
+        policy_mapping_fn: PolicyMapping | None = None,
+        policies_to_train: Sequence[str] | None = None,
     ) -> None:
         super().__init__(
             env=env, total_env_steps=total_env_steps, seed=seed, num_cpu_threads=num_cpu_threads,
             cpu_affinity=cpu_affinity, evaluation_interval=evaluation_interval,
-            evaluation_num_episodes=evaluation_num_episodes, compile=compile,
+            evaluation_num_episodes=evaluation_num_episodes, compile=compile, policies=policies,
+            policy_mapping_fn=policy_mapping_fn, policies_to_train=policies_to_train,
         )
         self.save_hyperparameters()
         check_positive(lr=lr, grad_clip=grad_clip, vtrace_clip_rho_threshold=vtrace_clip_rho_threshold,
@@ -101,6 +114,8 @@ class IMPALA(RLModule):
             sampler_timeout_s=sampler_timeout_s, restart_failed_workers=restart_failed_workers,
             num_sgd_iter=num_sgd_iter, minibatch_buffer_size=minibatch_buffer_size, vectorization=vectorization,
             seed=seed, iterations_per_epoch=iterations_per_epoch, check_finite=check_finite,
+            **(dict(policy_mapping_fn=self.policy_mapping_fn, policy_agents=self.policy_agents,
+                    policy_spaces=self.policy_spaces) if self.multi_agent else {}),
         )
         if sgd_minibatch_size is not None:
             batch, T = self.default_datamodule.train_batch_size, rollout_fragment_length
@@ -118,9 +133,12 @@ class IMPALA(RLModule):
         with torch.random.fork_rng():
             if seed is not None:
                 torch.manual_seed(seed)
-            self.policies[DEFAULT_POLICY_ID] = ActorCritic(
-                self.observation_space, self.action_space, hiddens, activation, vf_share_layers, log_std_init
-            )
+            for policy_id, (obs_space, action_space) in self.policy_spaces.items():
+                settings = {"hiddens": hiddens, "activation": activation, "vf_share_layers": vf_share_layers,
+                            "log_std_init": log_std_init, **self.policy_config[policy_id]}  # per-policy hiddens etc.
+                self.policies[policy_id] = ActorCritic(obs_space, action_space, **settings)
+
+    supports_multi_agent = True  # time-major columns per (env, agent): MultiAgentFragmentSampler
 
     def configure_optimizers(self) -> Any:
         return [torch.optim.Adam(self.policies[pid].parameters(), lr=self.lr, fused=True)
@@ -200,7 +218,8 @@ class IMPALA(RLModule):
                 stats = step(minibatch, {})
                 self.counters["num_grad_updates"] += 1
                 builder.add_learn_on_batch_results({LEARNER_STATS_KEY: {**stats, "cur_lr": lr}}, policy_id)
-            trained += int(policy_batch[VALID].numel())
+            # rows trained: every env step (reset rows too), or multi-agent the agents' steps
+            trained += int(policy_batch[VALID].sum() if self.multi_agent else policy_batch[VALID].numel())
         return trained
 
     def env_column_minibatches(self, batch: SampleBatch) -> list[SampleBatch]:

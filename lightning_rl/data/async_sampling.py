@@ -57,6 +57,7 @@ from torch import nn
 from lightning_rl.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
 from lightning_rl.data.base import EnvDataModule, rank_seed
 from lightning_rl.data.envs import EnvSpec, close_vector_env, describe_exit_code, make_vector_env, stop_processes
+from lightning_rl.data.multi_agent_fragments import MultiAgentFragmentSampler, split_policy_columns
 from lightning_rl.data.rollout import RolloutDataModule
 
 __all__ = ["AsyncSamplingDataModule", "MinibatchBuffer"]
@@ -104,7 +105,8 @@ class _Policy:
     def policy_outputs(self, obs: torch.Tensor, policy_id: str, explore: bool = True,
                        generator: torch.Generator | None = None, device: Any = None) -> dict[str, torch.Tensor]:
         kwargs = self.exploration if explore else {}
-        return self.policy.compute_actions(obs, explore=explore, generator=generator, **kwargs)
+        policy = self.policy[policy_id] if isinstance(self.policy, nn.ModuleDict) else self.policy  # multi-agent
+        return policy.compute_actions(obs, explore=explore, generator=generator, **kwargs)
 
 
 class FragmentTask:
@@ -119,6 +121,8 @@ class FragmentTask:
 
     def columns(self, policy: nn.Module, sampler: RolloutDataModule) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         """Shapes and dtypes of a slot's tensors (learner side, before the workers start)."""
+        if isinstance(sampler, MultiAgentFragmentSampler):
+            return sampler.fragment_columns()
         return _fragment_columns(policy, sampler)
 
     def make(self, policy: nn.Module, rollout: dict[str, torch.Tensor], valid: torch.Tensor,
@@ -178,6 +182,19 @@ def _fragment_columns(policy: nn.Module, dm: RolloutDataModule) -> dict[str, tup
     return cols
 
 
+def _sample_fragment(sampler: Any, task: FragmentTask, policy: nn.Module,
+                     policy_id: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """One fragment, made into a slot's tensors by ``task`` (multi-agent: every policy's columns,
+    ``{"<policy>/<column>": tensor}``, and the agent steps in them)."""
+    if isinstance(sampler, MultiAgentFragmentSampler):
+        tensors, agent_steps = sampler.fragment()
+        return tensors, {"agent_steps": agent_steps}
+    with torch.inference_mode():
+        rollout, valid = sampler.rollout_fragment(policy_id)
+    rollout = {k: v.clone() for k, v in rollout.items()}  # ordinary tensors, not inference ones
+    return task.make(policy, rollout, valid.clone(), torch.tensor(sampler._obs))
+
+
 def _worker_main(
     index: int, seed: int | None, make_sampler: Callable[[int | None], RolloutDataModule], policy: nn.Module,
     policy_id: str, task: FragmentTask, weights: _SharedWeights, slots: list[dict[str, torch.Tensor]], free: Any,
@@ -202,9 +219,7 @@ def _worker_main(
             slot = free.recv()
             version = weights.read_into(policy, version)
             start = time.perf_counter()
-            with torch.inference_mode():
-                rollout, valid = sampler.rollout_fragment(policy_id)
-            tensors, extra = task.make(policy, rollout, valid, torch.as_tensor(sampler._obs))
+            tensors, extra = _sample_fragment(sampler, task, policy, policy_id)
             buf = slots[slot]
             for key, value in tensors.items():
                 buf[key][: len(value)].copy_(value)
@@ -215,7 +230,10 @@ def _worker_main(
         except OSError:
             pass
     finally:
-        if sampler is not None:  # not sampler.close(): it would gather over a forked process group
+        if isinstance(sampler, MultiAgentFragmentSampler):
+            for env in sampler.par_envs:
+                env.close()
+        elif sampler is not None:  # not sampler.close(): it would gather over a forked process group
             close_vector_env(sampler.envs, terminate=True)
 
 
@@ -239,6 +257,9 @@ class AsyncSamplingDataModule(EnvDataModule):
         minibatch_buffer_size: batches handed out round robin (``MinibatchBuffer``).
         seed, vectorization, iterations_per_epoch, check_finite: as for ``RolloutDataModule``.
         policy_id: the policy the workers sample with.
+        policy_mapping_fn, policy_agents, policy_spaces: a multi-agent env (PettingZoo): the
+            mapping, each policy's possible agents and spaces; fragments then hold every
+            policy's columns (``MultiAgentFragmentSampler``) and the workers every policy.
     """
 
     def __init__(
@@ -260,8 +281,12 @@ class AsyncSamplingDataModule(EnvDataModule):
         iterations_per_epoch: int = 10,
         check_finite: bool = True,
         policy_id: str = DEFAULT_POLICY_ID,
+        policy_mapping_fn: Callable[[str], str] | None = None,
+        policy_agents: dict[str, list[str]] | None = None,
+        policy_spaces: dict[str, tuple[Any, Any]] | None = None,
     ) -> None:
-        super().__init__(env, num_envs, vectorization, seed, iterations_per_epoch, "cpu", check_finite)
+        super().__init__(env, num_envs, "sync" if policy_mapping_fn else vectorization, seed, iterations_per_epoch,
+                         "cpu", check_finite)
         for name, value in dict(rollout_fragment_length=rollout_fragment_length, train_batch_size=train_batch_size,
                                 learner_queue_size=learner_queue_size, broadcast_interval=broadcast_interval,
                                 num_sgd_iter=num_sgd_iter, minibatch_buffer_size=minibatch_buffer_size).items():
@@ -283,6 +308,9 @@ class AsyncSamplingDataModule(EnvDataModule):
         self.sampler_timeout_s = sampler_timeout_s
         self.restart_failed_workers = restart_failed_workers
         self.policy_id = policy_id
+        # multi-agent (a PettingZoo env): every policy's time-major columns (MultiAgentFragmentSampler)
+        self.policy_mapping_fn, self.policy_agents, self.policy_spaces = policy_mapping_fn, policy_agents, policy_spaces
+        self.multi_agent = policy_mapping_fn is not None
         self.minibatch_buffer = MinibatchBuffer(self._next_batch, minibatch_buffer_size, num_sgd_iter)
         self.counters = {"num_worker_restarts": 0, "num_fragments_dropped": 0}
         self._local: RolloutDataModule | None = None
@@ -304,8 +332,19 @@ class AsyncSamplingDataModule(EnvDataModule):
 
     # ------------------------------------------------------------ set-up
     def _sampler(self, seed: int | None) -> RolloutDataModule:
-        return _new_sampler(self.env, self.num_envs, self.rollout_fragment_length, self.vectorization,
-                            self.check_finite, seed)
+        return self._sampler_factory()(seed)
+
+    def _sampler_factory(self) -> Callable[[int | None], Any]:
+        """What makes a fragment sampler from a seed (picklable: the spawn start method)."""
+        if self.multi_agent:
+            return functools.partial(MultiAgentFragmentSampler, self.env, self.policy_mapping_fn, self.policy_agents,
+                                     self.policy_spaces, self.num_envs, self.rollout_fragment_length)
+        return functools.partial(_new_sampler, self.env, self.num_envs, self.rollout_fragment_length,
+                                 self.vectorization, self.check_finite)
+
+    def _worker_policy(self) -> nn.Module:
+        """What the workers sample with and the weights broadcast: the policy, or every policy."""
+        return self.module.policies if self.multi_agent else self.module.policies[self.policy_id]
 
     def _worker_seed(self, index: int, restarts: int = 0) -> int | None:
         # Worker i's envs get seeds rank_seed + i * num_envs + j: disjoint from every other worker's.
@@ -337,12 +376,13 @@ class AsyncSamplingDataModule(EnvDataModule):
     def _start_workers(self) -> None:
         module = self.module
         assert module is not None
-        policy = module.policies[self.policy_id]
-        probe = make_vector_env(self.env, 1, self.vectorization)  # spaces, checked against the module's
-        try:
-            module.check_spaces(probe.single_observation_space, probe.single_action_space)
-        finally:
-            probe.close()
+        policy = self._worker_policy()
+        if not self.multi_agent:  # (a PettingZoo env's spaces were checked when the module was built)
+            probe = make_vector_env(self.env, 1, self.vectorization)  # spaces, checked against the module's
+            try:
+                module.check_spaces(probe.single_observation_space, probe.single_action_space)
+            finally:
+                probe.close()
         self._cpu_policy = _cpu_copy(policy)
         self._columns = self.task(0).columns(self._cpu_policy, self._local)
         self._weights = _SharedWeights(self._cpu_policy)
@@ -373,9 +413,7 @@ class AsyncSamplingDataModule(EnvDataModule):
         out_recv, out_send = self._ctx.Pipe(duplex=False)
         process = self._ctx.Process(
             target=_worker_main, name=f"lightning_rl-sampler-{index}", daemon=True,
-            args=(index, self._worker_seed(index, self._restarts[index]),
-                  functools.partial(_new_sampler, self.env, self.num_envs, self.rollout_fragment_length,
-                                    self.vectorization, self.check_finite), self._cpu_policy,
+            args=(index, self._worker_seed(index, self._restarts[index]), self._sampler_factory(), self._cpu_policy,
                   self.policy_id, self.task(index), self._weights, self._slots, free_recv, out_send, self._stop,
                   os.getpid()),
         )
@@ -404,7 +442,7 @@ class AsyncSamplingDataModule(EnvDataModule):
         if not new:  # handed out again: its env steps and episodes were counted the first time
             batch = MultiAgentBatch(batch.policy_batches, env_steps=0, info={"perf": {}, "agent_steps_sampled": 0})
         # Policy lag: learner iterations since the weights that sampled each fragment.
-        lag = int(self.module.counters["num_iterations"]) - batch.policy_batches[self.policy_id][POLICY_VERSION]
+        lag = int(self.module.counters["num_iterations"]) - self._batch_versions(batch)
         batch.info["perf"] = {**batch.info["perf"], "policy_lag_mean": float(lag.float().mean()),
                               "policy_lag_max": float(lag.max())}
         return batch
@@ -434,27 +472,24 @@ class AsyncSamplingDataModule(EnvDataModule):
         return batch
 
     def _batch_versions(self, batch: MultiAgentBatch) -> torch.Tensor:
-        """The policy versions of a batch's fragments."""
-        return batch.policy_batches[self.policy_id][POLICY_VERSION]
+        """The policy versions of a batch's fragments (per column)."""
+        return torch.cat([b[POLICY_VERSION] for b in batch.policy_batches.values()])
 
     def maybe_broadcast(self) -> None:
         """Write the learner's weights for the workers when ``broadcast_interval`` iterations passed."""
         module = self.module
         if module._weights_version - self._last_broadcast >= self.broadcast_interval:
-            self._weights.write(module.policies[self.policy_id], int(module.counters["num_iterations"]))
+            self._weights.write(self._worker_policy(), int(module.counters["num_iterations"]))
             self._last_broadcast = module._weights_version
 
     def _sample_here(self) -> MultiAgentBatch:
         assert self._local is not None and self.module is not None
         start = time.perf_counter()
         version = int(self.module.counters["num_iterations"])
-        task, policy = self.task(0), self.module.sampling_policy(self.policy_id, torch.device("cpu"))
+        policy = None if self.multi_agent else self.module.sampling_policy(self.policy_id, torch.device("cpu"))
         fragments = []
         for _ in range(self.fragments_per_batch):
-            with torch.inference_mode():
-                rollout, valid = self._local.rollout_fragment(self.policy_id)
-            rollout = {k: v.clone() for k, v in rollout.items()}  # ordinary tensors, not inference ones
-            tensors, extra = task.make(policy, rollout, valid.clone(), torch.tensor(self._local._obs))
+            tensors, extra = _sample_fragment(self._local, self.task(0), policy, self.policy_id)
             fragments.append(_Fragment(tensors, version, 0, extra))
         info = self._local.episode_info()
         info["sample_time_s"] = time.perf_counter() - start
@@ -464,14 +499,19 @@ class AsyncSamplingDataModule(EnvDataModule):
         """Fragments side by side along the env axis: ``[T, B]`` columns."""
         cols = {}
         for key in fragments[0].tensors:
-            dim = 0 if key == BOOTSTRAP_OBS else 1
+            dim = 0 if key.endswith(BOOTSTRAP_OBS) else 1
             cols[key] = torch.cat([f.tensors[key] for f in fragments], dim=dim)
-        versions = [torch.full((self.num_envs,), f.version, dtype=torch.int64) for f in fragments]
-        cols[POLICY_VERSION] = torch.cat(versions)
-        batch = SampleBatch(cols)  # time-major: [T, B] columns, and [B] ones (bootstrap_obs, policy_version)
+        by_policy = split_policy_columns(cols) if self.multi_agent else {self.policy_id: cols}
+        batches = {}
+        for pid, policy_cols in by_policy.items():
+            columns = policy_cols[VALID].shape[1] // len(fragments)  # env columns (or agent columns) per fragment
+            policy_cols[POLICY_VERSION] = torch.cat(
+                [torch.full((columns,), f.version, dtype=torch.int64) for f in fragments])
+            batches[pid] = SampleBatch(policy_cols)  # time-major: [T, B] columns, and [B] ones (bootstrap_obs, ...)
         info["perf"] = perf
-        info["agent_steps_sampled"] = self.train_batch_size
-        return MultiAgentBatch({self.policy_id: batch}, env_steps=self.train_batch_size, info=info)
+        info["agent_steps_sampled"] = (sum(f.extra["agent_steps"] for f in fragments) if self.multi_agent
+                                       else self.train_batch_size)
+        return MultiAgentBatch(batches, env_steps=self.train_batch_size, info=info)
 
     def _load_loop(self) -> None:
         """The loader thread: fragments -> batches, worker deaths -> errors or restarts."""

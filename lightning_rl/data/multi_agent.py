@@ -147,6 +147,7 @@ class MultiAgentEnvDataModule(EnvDataModule):
             self._obs.append(obs)
         self._returns = [dict.fromkeys(env.agents, 0.0) for env in self.par_envs]
         self._lengths = [0] * self.num_envs
+        self._reset_pending = [False] * self.num_envs
         self._ended: list[tuple[float, int, dict[str, float]]] = []
         self.envs = self.par_envs  # what "set up" means to the base class
         self.on_envs_ready()
@@ -180,6 +181,7 @@ class MultiAgentEnvDataModule(EnvDataModule):
             "obs": [{a: torch.as_tensor(np.asarray(o)) for a, o in obs.items()} for obs in self._obs],
             "returns": [dict(r) for r in self._returns],
             "lengths": list(self._lengths),
+            "reset_pending": list(self._reset_pending),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -202,8 +204,14 @@ class MultiAgentEnvDataModule(EnvDataModule):
         self._obs = [{a: o.numpy().copy() for a, o in obs.items()} for obs in mine["obs"]]
         self._returns = [dict(r) for r in mine["returns"]]
         self._lengths = list(mine["lengths"])
+        self._reset_pending = list(mine["reset_pending"])
 
     # ------------------------------------------------------------ stepping
+    # Reset an env whose episode ended at its next step rather than at once (gymnasium's
+    # next-step autoreset): that step's rows hold each agent's final observation (time-major
+    # fragments, where V-trace bootstraps a truncation from the next row).
+    reset_next_step = False
+
     def act(self, policy_id: str, obs: torch.Tensor) -> dict[str, torch.Tensor]:
         """A policy's outputs (``actions`` and whatever ``record`` keeps) for ``obs [K, ...]``."""
         return self.module.policy_outputs(obs, policy_id, explore=True, generator=self.generator,
@@ -222,7 +230,12 @@ class MultiAgentEnvDataModule(EnvDataModule):
     def step_all(self) -> tuple[int, int]:
         """One step of every env; returns ``(env steps, agent steps)`` taken."""
         by_policy: dict[str, list[tuple[int, str]]] = {}
+        resets = 0
         for i, env in enumerate(self.par_envs):
+            if self._reset_pending[i]:  # this env's step is its reset
+                self._reset_env(i)
+                resets += 1
+                continue
             for agent in env.agents:
                 by_policy.setdefault(self.policy_mapping_fn(agent), []).append((i, agent))
         actions: list[dict[str, Any]] = [{} for _ in self.par_envs]
@@ -252,7 +265,7 @@ class MultiAgentEnvDataModule(EnvDataModule):
             self._obs[i] = {**self._obs[i], **obs}
             if not env.agents:  # the episode is over for everyone
                 self._end_episode(i)
-        return sum(1 for a in actions if a), sum(len(a) for a in actions)
+        return resets + sum(1 for a in actions if a), sum(len(a) for a in actions)
 
     def _end_episode(self, i: int) -> None:
         returns = self._returns[i]
@@ -263,6 +276,13 @@ class MultiAgentEnvDataModule(EnvDataModule):
         self._ended.append((float(sum(returns.values())), self._lengths[i], per_policy))
         for agent in self.open_agents(i):  # agents the env dropped without a done flag
             self.drop(i, agent, self.policy_mapping_fn(agent))
+        if self.reset_next_step:
+            self._reset_pending[i] = True
+        else:
+            self._reset_env(i)
+
+    def _reset_env(self, i: int) -> None:
+        self._reset_pending[i] = False
         obs, _ = self.par_envs[i].reset()
         self._obs[i] = obs
         self._returns[i] = dict.fromkeys(self.par_envs[i].agents, 0.0)
