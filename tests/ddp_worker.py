@@ -28,6 +28,7 @@ from pytorch_lightning.loggers import CSVLogger
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lightning_rl import A2C, APEX, APPO, DQN, IMPALA, PPO, SAC
+from tests.multi_agent_envs import RankRelay, by_agent
 
 logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
 warnings.filterwarnings("ignore")
@@ -90,6 +91,10 @@ RESUME = {
     "dqn": (DQN, dict(env="CartPole-v1", num_envs=2, learning_starts=256, train_freq=32, num_gradient_steps=4,
                       train_batch_size=32, buffer_size=3000, hiddens=(32,), prioritized_replay=True,
                       target_network_update_freq=256, iterations_per_epoch=16)),
+    # multi-agent: each rank's PettingZoo envs (plain data) resume mid-episode; the helper joins on rank 0 only
+    "ma_ppo": (PPO, dict(env=RankRelay, policies=["p_runner", "p_helper"], policy_mapping_fn=by_agent, num_envs=4,
+                         rollout_fragment_length=32, sgd_minibatch_size=64, num_sgd_iter=2, hiddens=(16,),
+                         iterations_per_epoch=8)),
     # sampling in the learner process (num_workers=0): each rank's envs, replay and n-step windows resume
     "apex": (APEX, dict(env="CartPole-v1", num_workers=0, num_envs=4, rollout_fragment_length=16,
                         learning_starts=256, num_gradient_steps=4, train_batch_size=32, buffer_size=3000,
@@ -129,8 +134,6 @@ def main(out: Path, mode: str) -> None:
                      learning_starts=40, num_gradient_steps=2, train_batch_size=16, target_network_update_freq=64,
                      total_env_steps=2 * 20 * 8, sampler_timeout_s=60.0, **common)
     elif mode.startswith("multi_agent"):  # rank 1's envs never see the helper: its policy has rows on rank 0 only
-        from tests.multi_agent_envs import RankRelay, by_agent
-
         if mode == "multi_agent_impala":  # a sampler worker per rank; rank 1's helper columns are all invalid
             model = IMPALA(env=RankRelay, policies=["p_runner", "p_helper"], policy_mapping_fn=by_agent,
                            num_workers=1, num_envs=2, rollout_fragment_length=10, train_batch_size=20,
@@ -172,7 +175,9 @@ def main(out: Path, mode: str) -> None:
     dm_state = model.default_datamodule.state_dict()  # kept at teardown, gathered over ranks
     # async sampling keeps its learner-process sampler's state under "local" (none of its workers')
     ranks = dm_state.get("ranks") or (dm_state.get("local") or {}).get("ranks") or []
-    ranks = [r for r in ranks if isinstance(r.get("obs"), torch.Tensor)]  # a multi-agent sampler keeps dicts
+    for r in ranks:  # a multi-agent sampler keeps {agent: observation} per env
+        if not isinstance(r.get("obs"), torch.Tensor):
+            r["obs"] = torch.cat([o[a].flatten().float() for o in r["obs"] for a in sorted(o)])
     last_obs = ranks[trainer.global_rank]["obs"].tolist() if trainer.global_rank == 0 and ranks else None
     (out / f"rank{trainer.global_rank}.json").write_text(json.dumps({
         "buffer_obs": recorder.buffer_obs,

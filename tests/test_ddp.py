@@ -152,7 +152,7 @@ def test_multi_agent_policy_with_rows_on_one_rank_only(tmp_path, mode):
     assert r0["counters"]["num_agent_steps_sampled"] > r1["counters"]["num_agent_steps_sampled"] == runner_only
 
 
-@pytest.fixture(scope="module", params=["ppo", "dqn", "apex"])
+@pytest.fixture(scope="module", params=["ppo", "dqn", "apex", "ma_ppo"])
 def resumed_runs(request, tmp_path_factory):
     algo = request.param
     full = run_ddp(tmp_path_factory.mktemp(f"{algo}_full"), f"resume-{algo}-full", timeout=300)

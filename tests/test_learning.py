@@ -82,3 +82,14 @@ def test_ppo_pendulum_reaches_minus_250_within_300k():
     model = ppo_pendulum()
     curve = train(model)
     assert curve.points[-1][1] >= -250, str(curve)
+
+
+def test_ppo_speaker_listener_example_beats_random_play_within_40k_steps(tmp_path):
+    """Two cooperating policies (examples/ppo_speaker_listener.py, MPE simple_speaker_listener):
+    random play scores a team return of about -87 (100 episodes, std 24); the example's greedy
+    team return over 50 episodes after 40k env steps, seed 0, must beat -60 (measured: -42.5,
+    -38.9, -39.9 over seeds 0-2)."""
+    from tests.test_examples import load
+
+    greedy = load("ppo_speaker_listener").main(["--total-env-steps", "40000", "--log-dir", str(tmp_path)])
+    assert greedy > -60.0
