@@ -6,6 +6,7 @@ import logging
 import os
 import random
 import socket
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,21 @@ def quiet_trainer(**kwargs) -> pl.Trainer:
         accelerator="cpu", devices=1,
     )
     return pl.Trainer(**{**defaults, **kwargs})
+
+
+def fit_in_halves(make: Callable[[], pl.LightningModule], tmp_path: Path, batches: int = 4) -> tuple:
+    """``(full, first, resumed)``: a 2-epoch run of ``batches`` iterations per epoch, and the same
+    run stopped after epoch 1, checkpointed and resumed (what every exact-resume test compares)."""
+    full = make()
+    quiet_trainer(max_epochs=2, limit_train_batches=batches, default_root_dir=tmp_path / "full").fit(full)
+    first = make()
+    trainer = quiet_trainer(max_epochs=1, limit_train_batches=batches, default_root_dir=tmp_path)
+    trainer.fit(first)
+    trainer.save_checkpoint(tmp_path / "mid.ckpt")
+    resumed = make()
+    quiet_trainer(max_epochs=2, limit_train_batches=batches, default_root_dir=tmp_path).fit(
+        resumed, ckpt_path=tmp_path / "mid.ckpt")
+    return full, first, resumed
 
 
 def fit_iterations(model: pl.LightningModule, iterations: int, **trainer_kwargs) -> pl.Trainer:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lightning_rl import A3C, APEX
-from tests.conftest import quiet_trainer
+from tests.conftest import fit_in_halves
 from tests.test_async import no_process_left  # noqa: F401  (the fixture: no sampler process outlives a test)
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("no_process_left")]
@@ -22,24 +22,14 @@ SMALL = {
 }
 
 
-def fit_in_halves(algo, tmp_path, **kwargs):
-    """A 2-epoch run, and the same run stopped after epoch 1, checkpointed and resumed."""
-    settings = {**SMALL[algo], **kwargs}
-    full = algo(**settings)
-    quiet_trainer(max_epochs=2, limit_train_batches=4, default_root_dir=tmp_path / "full").fit(full)
-    first = algo(**settings)
-    trainer = quiet_trainer(max_epochs=1, limit_train_batches=4, default_root_dir=tmp_path)
-    trainer.fit(first)
-    trainer.save_checkpoint(tmp_path / "mid.ckpt")
-    resumed = algo(**settings)
-    quiet_trainer(max_epochs=2, limit_train_batches=4, default_root_dir=tmp_path).fit(
-        resumed, ckpt_path=tmp_path / "mid.ckpt")
-    return full, first, resumed
+def halves(algo, tmp_path, **kwargs):
+    """``fit_in_halves`` of ``algo`` at the small settings."""
+    return fit_in_halves(lambda: algo(**{**SMALL[algo], **kwargs}), tmp_path)
 
 
 @pytest.mark.parametrize("algo", [APEX, A3C])
 def test_resume_is_exact_when_synchronous(algo, tmp_path):
-    full, _, resumed = fit_in_halves(algo, tmp_path, num_workers=0)
+    full, _, resumed = halves(algo, tmp_path, num_workers=0)
     assert resumed.counters == full.counters
     assert resumed.counters["num_grad_updates"] > 0
     for x, y in zip(resumed.parameters(), full.parameters()):
@@ -52,7 +42,7 @@ def test_resume_is_exact_when_synchronous(algo, tmp_path):
 
 def test_apex_resume_with_workers_keeps_counters_and_replay(tmp_path):
     """Workers' envs are not bit-resumable; the replay, counters and weights are."""
-    _, first, resumed = fit_in_halves(APEX, tmp_path, num_workers=2)
+    _, first, resumed = halves(APEX, tmp_path, num_workers=2)
     saved = torch.load(tmp_path / "mid.ckpt", weights_only=False)
     replay = saved["lightning_rl"]["datamodule"]["replay"]["ranks"][0]
     assert replay["buffer"]["num_added"] == first.default_datamodule.buffer.num_added > 0
@@ -63,7 +53,7 @@ def test_apex_resume_with_workers_keeps_counters_and_replay(tmp_path):
 
 
 def test_a3c_resume_with_workers_keeps_counters(tmp_path):
-    _, first, resumed = fit_in_halves(A3C, tmp_path, num_workers=2)
+    _, first, resumed = halves(A3C, tmp_path, num_workers=2)
     assert first.counters["num_iterations"] == 4
     assert resumed.counters["num_iterations"] == 8
     # one or two packets (one per worker) an iteration, each 2 envs x 5 steps and one optimizer step

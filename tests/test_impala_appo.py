@@ -9,7 +9,7 @@ import torch
 
 from lightning_rl import APPO, IMPALA, evaluate
 from lightning_rl.data.async_sampling import POLICY_VERSION
-from tests.conftest import fit_iterations, quiet_trainer
+from tests.conftest import fit_in_halves, fit_iterations, quiet_trainer
 from tests.test_async import no_process_left  # noqa: F401  (the fixture: no sampler process outlives a test)
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("no_process_left")]
@@ -105,15 +105,7 @@ def test_synchronous_runs_are_deterministic(algo):
 
 @pytest.mark.parametrize("algo", [IMPALA, APPO])
 def test_resume_continues_counters_and_weights_exactly_when_synchronous(algo, tmp_path):
-    full = algo(**SMALL)
-    quiet_trainer(max_epochs=2, limit_train_batches=4, default_root_dir=tmp_path / "full").fit(full)
-    first = algo(**SMALL)
-    trainer = quiet_trainer(max_epochs=1, limit_train_batches=4, default_root_dir=tmp_path)
-    trainer.fit(first)
-    trainer.save_checkpoint(tmp_path / "mid.ckpt")
-    resumed = algo(**SMALL)
-    quiet_trainer(max_epochs=2, limit_train_batches=4, default_root_dir=tmp_path).fit(
-        resumed, ckpt_path=tmp_path / "mid.ckpt")
+    full, _, resumed = fit_in_halves(lambda: algo(**SMALL), tmp_path)
     assert resumed.counters == full.counters
     for x, y in zip(resumed.parameters(), full.parameters()):
         torch.testing.assert_close(x, y, rtol=0, atol=0)

@@ -12,7 +12,7 @@ import pytorch_lightning as pl
 import torch
 
 from lightning_rl import A2C, DQN, PPO
-from tests.conftest import quiet_trainer
+from tests.conftest import fit_in_halves, quiet_trainer
 from tests.multi_agent_envs import Relay, SilentRelay, by_agent
 
 pytest.importorskip("pettingzoo")
@@ -177,15 +177,7 @@ def test_evaluation_plays_team_episodes_with_each_agents_policy():
 def test_resume_is_bit_exact_for_a_single_process_multi_agent_run(tmp_path):
     """Stopped after epoch 1 (mid-episode: 10-step fragments, 6-step episodes), checkpointed and
     resumed: counters, both policies' weights and the envs continue as in an uninterrupted run."""
-    full = relay_ppo()
-    quiet_trainer(max_epochs=2, limit_train_batches=3, default_root_dir=tmp_path / "full").fit(full)
-    first = relay_ppo()
-    trainer = quiet_trainer(max_epochs=1, limit_train_batches=3, default_root_dir=tmp_path)
-    trainer.fit(first)
-    trainer.save_checkpoint(tmp_path / "mid.ckpt")
-    resumed = relay_ppo()
-    quiet_trainer(max_epochs=2, limit_train_batches=3, default_root_dir=tmp_path).fit(
-        resumed, ckpt_path=tmp_path / "mid.ckpt")
+    full, _, resumed = fit_in_halves(relay_ppo, tmp_path, batches=3)
     assert resumed.counters == full.counters and resumed.counters["num_iterations"] == 6
     for x, y in zip(resumed.parameters(), full.parameters()):
         torch.testing.assert_close(x, y, rtol=0, atol=0)
@@ -334,15 +326,7 @@ def test_dqn_trains_only_its_policies_to_train_each_from_its_own_replay():
 def test_dqn_multi_agent_resume_is_bit_exact(tmp_path):
     """Stopped mid-episode with n-step windows open: replay, windows, envs and counters resume."""
     kwargs = dict(n_step=3, prioritized_replay=True, train_freq=5, total_env_steps=10**6)  # stops mid-episode
-    full = relay_dqn(**kwargs)
-    quiet_trainer(max_epochs=2, limit_train_batches=3, default_root_dir=tmp_path / "full").fit(full)
-    first = relay_dqn(**kwargs)
-    trainer = quiet_trainer(max_epochs=1, limit_train_batches=3, default_root_dir=tmp_path)
-    trainer.fit(first)
-    trainer.save_checkpoint(tmp_path / "mid.ckpt")
-    resumed = relay_dqn(**kwargs)
-    quiet_trainer(max_epochs=2, limit_train_batches=3, default_root_dir=tmp_path).fit(
-        resumed, ckpt_path=tmp_path / "mid.ckpt")
+    full, _, resumed = fit_in_halves(lambda: relay_dqn(**kwargs), tmp_path, batches=3)
     assert resumed.counters == full.counters and resumed.counters["num_grad_updates"] > 0
     for x, y in zip(resumed.state_dict().values(), full.state_dict().values()):
         torch.testing.assert_close(x, y, rtol=0, atol=0)
@@ -454,15 +438,7 @@ def test_a_worker_samples_the_multi_agent_fragment_the_learner_process_samples()
 
 def test_impala_multi_agent_resume_is_bit_exact_without_workers(tmp_path):
     kwargs = dict(rollout_fragment_length=4, train_batch_size=8, total_env_steps=10**6)  # stops mid-episode
-    full = relay_impala(**kwargs)
-    quiet_trainer(max_epochs=2, limit_train_batches=3, default_root_dir=tmp_path / "full").fit(full)
-    first = relay_impala(**kwargs)
-    trainer = quiet_trainer(max_epochs=1, limit_train_batches=3, default_root_dir=tmp_path)
-    trainer.fit(first)
-    trainer.save_checkpoint(tmp_path / "mid.ckpt")
-    resumed = relay_impala(**kwargs)
-    quiet_trainer(max_epochs=2, limit_train_batches=3, default_root_dir=tmp_path).fit(
-        resumed, ckpt_path=tmp_path / "mid.ckpt")
+    full, _, resumed = fit_in_halves(lambda: relay_impala(**kwargs), tmp_path, batches=3)
     assert resumed.counters == full.counters and resumed.counters["num_iterations"] == 6
     for x, y in zip(resumed.parameters(), full.parameters()):
         torch.testing.assert_close(x, y, rtol=0, atol=0)
