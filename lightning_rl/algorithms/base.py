@@ -265,6 +265,17 @@ class RLModule(pl.LightningModule):
                 f"module was built for {self.observation_space}, {self.action_space}"
             )
 
+    def build_policies(self, make: Callable[..., nn.Module], **defaults: Any) -> None:
+        """One network per policy, ``make(observation_space, action_space, **settings)``: the
+        algorithm's ``defaults`` overridden by the policy's own settings (``policies={id: {...}}``),
+        initialised from ``seed`` without touching torch's global RNG."""
+        with torch.random.fork_rng():
+            if self.seed is not None:
+                torch.manual_seed(self.seed)
+            for policy_id, (obs_space, action_space) in self.policy_spaces.items():
+                settings = {**defaults, **self.policy_config[policy_id]}
+                self.policies[policy_id] = make(obs_space, action_space, **settings)
+
     def sampling_policy(self, policy_id: str, device: torch.device) -> nn.Module:
         """The policy on ``device`` for sampling: itself, or a copy refreshed after each iteration."""
         policy = self.policies[policy_id]

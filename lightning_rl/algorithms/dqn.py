@@ -109,13 +109,7 @@ class DQN(OffPolicyModule):
         if not 0.0 <= epsilon_end <= 1.0 or not 0.0 <= epsilon_start <= 1.0:
             raise ValueError(f"epsilon_start and epsilon_end must be in [0, 1], got {epsilon_start}, {epsilon_end}")
         self.double_q = double_q
-        with torch.random.fork_rng():
-            if seed is not None:
-                torch.manual_seed(seed)
-            for policy_id, (obs_space, action_space) in self.policy_spaces.items():
-                settings = {"hiddens": hiddens, "activation": activation, "dueling": dueling,
-                            **self.policy_config[policy_id]}  # per-policy hiddens etc.
-                self.policies[policy_id] = QNetwork(obs_space, action_space, **settings)
+        self.build_policies(QNetwork, hiddens=hiddens, activation=activation, dueling=dueling)
         self.target_q = copy.deepcopy(self.policies).requires_grad_(False)
         self.epsilon_points = [(0.0, epsilon_start), (float(max(epsilon_timesteps, 1)), epsilon_end)]
 

@@ -130,13 +130,8 @@ class IMPALA(RLModule):
         self.gamma, self.lambda_, self.grad_clip = gamma, lambda_, grad_clip
         self.vf_loss_coeff, self.entropy_coeff = vf_loss_coeff, entropy_coeff
         self.clip_rho, self.clip_pg_rho = vtrace_clip_rho_threshold, vtrace_clip_pg_rho_threshold
-        with torch.random.fork_rng():
-            if seed is not None:
-                torch.manual_seed(seed)
-            for policy_id, (obs_space, action_space) in self.policy_spaces.items():
-                settings = {"hiddens": hiddens, "activation": activation, "vf_share_layers": vf_share_layers,
-                            "log_std_init": log_std_init, **self.policy_config[policy_id]}  # per-policy hiddens etc.
-                self.policies[policy_id] = ActorCritic(obs_space, action_space, **settings)
+        self.build_policies(ActorCritic, hiddens=hiddens, activation=activation, vf_share_layers=vf_share_layers,
+                            log_std_init=log_std_init)
 
     supports_multi_agent = True  # time-major columns per (env, agent): MultiAgentFragmentSampler
 

@@ -118,12 +118,7 @@ class OnPolicyModule(RLModule):
         self.num_minibatches = math.ceil(self.train_batch_size / sgd_minibatch_size)
         defaults = dict(hiddens=hiddens, activation=activation, vf_share_layers=vf_share_layers,
                         log_std_init=log_std_init)
-        with torch.random.fork_rng():
-            if seed is not None:
-                torch.manual_seed(seed)
-            for policy_id, (obs_space, action_space) in self.policy_spaces.items():
-                settings = {**defaults, **self.policy_config[policy_id]}  # per-policy hiddens etc.
-                self.policies[policy_id] = ActorCritic(obs_space, action_space, **settings)
+        self.build_policies(ActorCritic, **defaults)
 
     @property
     def policy(self) -> ActorCritic:
