@@ -10,6 +10,7 @@ import torch
 
 from lightning_rl.batch import DEFAULT_POLICY_ID
 from lightning_rl.data.envs import EnvSpec, close_vector_env, make_vector_env, reset_vector_env, step_vector_env
+from lightning_rl.inference import Acting
 
 
 @torch.no_grad()
@@ -37,11 +38,13 @@ def evaluate(
         obs, _ = reset_vector_env(envs, seed=seed)
         returns = np.zeros(num_episodes)
         finished = np.zeros(num_episodes, dtype=bool)
+        acting = Acting(module, policy_id, explore)  # carries a recurrent policy's state
         while not finished.all():
-            actions = module.compute_actions(obs, policy_id=policy_id, explore=explore)
+            actions = acting.act(obs)
             if isinstance(space, gym.spaces.Box):
                 actions = np.clip(actions, space.low, space.high)
             obs, rewards, terminateds, truncateds, _ = step_vector_env(envs, actions)
+            acting.observe(rewards, terminateds | truncateds)
             returns += np.where(finished, 0.0, rewards)
             finished |= terminateds | truncateds
     finally:

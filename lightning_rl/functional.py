@@ -67,6 +67,24 @@ def gae_batch(rollout: dict[str, Tensor], bootstrap_value: Tensor, valid: Tensor
     return {k: v.reshape(-1, *v.shape[2:])[keep] for k, v in cols.items()}
 
 
+def gae_sequences(rollout: dict[str, Tensor], bootstrap_value: Tensor, valid: Tensor, gamma: float, lambda_: float,
+                  seq_len: int) -> dict[str, Tensor]:
+    """A time-major ``[T, N]`` rollout with ``advantages`` and ``value_targets`` from ``gae`` (on
+    the whole, unpadded rollout), each env's column then cut into sequences of ``seq_len`` steps
+    (``T % seq_len == 0``): ``[S * seq_len]`` rows, sequence after sequence (``S = T / seq_len *
+    N``), with ``seq_lens [S]`` and a 0/1 ``mask`` that is 0 on the reset rows of next-step
+    autoreset (kept: a recurrent policy's sequence must stay whole)."""
+    advantages, targets = gae(rollout["rewards"], rollout["vf_preds"], bootstrap_value, rollout["terminateds"],
+                              rollout["truncateds"], gamma, lambda_)
+    cols = {**rollout, "advantages": advantages, "value_targets": targets, "mask": valid.float()}
+    T, N = valid.shape
+    chunks = T // seq_len
+    out = {k: v.reshape(chunks, seq_len, N, *v.shape[2:]).transpose(1, 2).reshape(chunks * N * seq_len, *v.shape[2:])
+           for k, v in cols.items()}
+    out["seq_lens"] = torch.full((chunks * N,), seq_len, dtype=torch.int64)
+    return out
+
+
 def standardized(x: Tensor, eps: float = 1e-4, moments: Tensor | None = None) -> Tensor:
     """``(x - mean) / max(eps, std)`` over all elements of ``x`` (any shape).
 
@@ -81,10 +99,15 @@ def standardized(x: Tensor, eps: float = 1e-4, moments: Tensor | None = None) ->
     return (x - mean.to(x.dtype)) / std.to(x.dtype).clamp_min(eps)
 
 
-def moments(x: Tensor) -> Tensor:
-    """``[count, sum, sum of squares]`` of all elements of ``x``, in float64 (for ``standardized``)."""
+def moments(x: Tensor, mask: Tensor | None = None) -> Tensor:
+    """``[count, sum, sum of squares]`` of all elements of ``x`` (those where the 0/1 ``mask`` is
+    1), in float64 (for ``standardized``)."""
     x = x.double()
-    return torch.stack([torch.tensor(float(x.numel()), dtype=torch.float64, device=x.device), x.sum(), (x * x).sum()])
+    if mask is None:
+        count = torch.tensor(float(x.numel()), dtype=torch.float64, device=x.device)
+        return torch.stack([count, x.sum(), (x * x).sum()])
+    mask = mask.double()
+    return torch.stack([mask.sum(), (x * mask).sum(), (x * x * mask).sum()])
 
 
 def masked_mean(x: Tensor, mask: Tensor | None = None) -> Tensor:

@@ -38,9 +38,51 @@ def predict(
     was_training = module.training
     module.eval()
     try:
-        return module.compute_actions(obs, policy_id=policy_id, explore=not deterministic), state
+        if not module.is_recurrent(policy_id):
+            return module.compute_actions(obs, policy_id=policy_id, explore=not deterministic), state
+        policy = module.policies[policy_id]
+        if policy.use_prev_action or policy.use_prev_reward:
+            raise ValueError("predict does not know the previous action and reward this policy reads "
+                             "(lstm_use_prev_action/lstm_use_prev_reward): call compute_actions(obs, state=..., "
+                             "episode_start=..., prev_action=..., prev_reward=...)")
+        return module.compute_actions(obs, policy_id=policy_id, explore=not deterministic, state=state,
+                                      episode_start=episode_start)
     finally:
         module.train(was_training)
+
+
+class Acting:
+    """Acts in envs with a module's policy, for evaluation and recording: ``act(obs [N, ...])``
+    then ``observe(rewards, dones)`` after each step. A recurrent policy's state, previous
+    action and reward are carried from step to step and reset where an episode ended."""
+
+    def __init__(self, module: RLModule, policy_id: str = DEFAULT_POLICY_ID, explore: bool = False) -> None:
+        self.module, self.policy_id, self.explore = module, policy_id, explore
+        self.recurrent = module.is_recurrent(policy_id)
+        self.state: np.ndarray | None = None
+        self.starts: np.ndarray | None = None
+        self.prev_action: np.ndarray | None = None
+        self.prev_reward: np.ndarray | None = None
+
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        if not self.recurrent:
+            return self.module.compute_actions(obs, policy_id=self.policy_id, explore=self.explore)
+        if self.starts is None:
+            self.starts = np.ones(len(obs), dtype=bool)
+        actions, self.state = self.module.compute_actions(
+            obs, policy_id=self.policy_id, explore=self.explore, state=self.state, episode_start=self.starts,
+            prev_action=self.prev_action, prev_reward=self.prev_reward)
+        self.prev_action = actions
+        return actions
+
+    def observe(self, rewards: Any, dones: Any) -> None:
+        if not self.recurrent:
+            return
+        dones = np.asarray(dones, dtype=bool).reshape(-1)
+        self.starts = dones.copy()
+        self.prev_reward = np.where(dones, 0.0, np.asarray(rewards, dtype=np.float32).reshape(-1))
+        keep = (~dones).reshape(-1, *[1] * (np.ndim(self.prev_action) - 1))
+        self.prev_action = np.where(keep, self.prev_action, np.zeros_like(self.prev_action))
 
 
 class _GreedyPolicy(nn.Module):

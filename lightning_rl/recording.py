@@ -24,6 +24,7 @@ import torch
 from lightning_rl.algorithms.base import RLModule
 from lightning_rl.checkpoint import algorithm_class, read_checkpoint, resolve_algorithm
 from lightning_rl.data.envs import EnvSpec
+from lightning_rl.inference import Acting
 
 __all__ = ["load_model", "main", "make_render_env", "record"]
 
@@ -132,16 +133,18 @@ def record(
             obs, _ = render_env.reset(seed=seed if episode == 0 else None)
             frames.append(_frame(render_env))
             episode_return, done = 0.0, False
+            acting = Acting(model, **policy_kwargs)  # a recurrent policy's state starts fresh
             while not done:
                 if len(frames) >= max_frames:
                     truncated_gif = True
                     break
-                action = model.compute_actions(np.asarray(obs)[None], explore=False, **policy_kwargs)[0]
+                action = acting.act(np.asarray(obs)[None])[0]
                 if isinstance(space, gym.spaces.Box):
                     action = np.clip(action, space.low, space.high).astype(space.dtype)
                 obs, reward, terminated, truncated, _ = render_env.step(action)
                 episode_return += float(reward)
                 done = bool(terminated or truncated)
+                acting.observe([reward], [done])
                 frames.append(_frame(render_env))
             if truncated_gif:
                 break

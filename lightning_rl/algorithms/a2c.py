@@ -13,7 +13,6 @@ from lightning_rl.algorithms.on_policy import OnPolicyModule
 from lightning_rl.batch import SampleBatch
 from lightning_rl.data.envs import EnvSpec
 from lightning_rl.functional import a2c_loss
-from lightning_rl.update import call
 
 
 class A2C(OnPolicyModule):
@@ -64,6 +63,11 @@ class A2C(OnPolicyModule):
         policy_mapping_fn: PolicyMapping | None = None,
         policies_to_train: Sequence[str] | None = None,
         count_steps_by: Literal["env_steps", "agent_steps"] = "env_steps",
+        use_lstm: bool = False,
+        lstm_cell_size: int = 64,
+        max_seq_len: int = 16,
+        lstm_use_prev_action: bool = False,
+        lstm_use_prev_reward: bool = False,
     ) -> None:
         super().__init__(
             env=env, num_envs=num_envs, rollout_fragment_length=rollout_fragment_length,
@@ -76,7 +80,9 @@ class A2C(OnPolicyModule):
             grad_clip=grad_clip, standardize_fields=standardize_fields, hiddens=hiddens, activation=activation,
             vf_share_layers=vf_share_layers, log_std_init=log_std_init, policies=policies,
             policy_mapping_fn=policy_mapping_fn, policies_to_train=policies_to_train,
-            count_steps_by=count_steps_by,
+            count_steps_by=count_steps_by, use_lstm=use_lstm, lstm_cell_size=lstm_cell_size,
+            max_seq_len=max_seq_len, lstm_use_prev_action=lstm_use_prev_action,
+            lstm_use_prev_reward=lstm_use_prev_reward,
         )
         self.save_hyperparameters()
         if optimizer not in ("rmsprop", "adam"):
@@ -95,7 +101,7 @@ class A2C(OnPolicyModule):
         self, policy_id: str, batch: SampleBatch, params: dict[str, Tensor] | None = None,
         scalars: dict[str, Any] | None = None,
     ) -> tuple[Tensor, dict[str, Any]]:
-        dist, values = call(self.policies[policy_id], params, batch[SampleBatch.OBS])
+        dist, values = self.policy_forward(policy_id, batch, params)
         # padded rows of a compiled step's minibatch count 0 (the mask)
         return a2c_loss(dist.log_prob(batch[SampleBatch.ACTIONS]), values, dist.entropy(),
                         batch[SampleBatch.ADVANTAGES], batch[SampleBatch.VALUE_TARGETS], self.vf_loss_coeff,

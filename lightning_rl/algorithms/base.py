@@ -46,6 +46,7 @@ from lightning_rl.distributed import FlatGradients, bypass_ddp_gradient_sync, ch
 from lightning_rl.evaluation import evaluate
 from lightning_rl.functional import piecewise_linear
 from lightning_rl.learner_info import LearnerInfoBuilder
+from lightning_rl.nn.recurrent import EPISODE_STARTS, PREV_ACTIONS, PREV_REWARDS, STATE_IN, STATE_OUT
 from lightning_rl.process import ProcessSettings
 from lightning_rl.update import LossFn, UpdateStep, nonfinite_terms
 
@@ -300,30 +301,55 @@ class RLModule(pl.LightningModule):
         explore: bool = True,
         generator: torch.Generator | None = None,
         device: torch.device | str | None = None,
+        inputs: dict[str, Tensor] | None = None,
     ) -> dict[str, Tensor]:
         """The one action path, shared by samplers, evaluation and users: the policy's outputs
         (``actions`` and, for actor-critics, ``action_logp``, ``vf_preds``) for a batch
         ``[N, *obs_shape]``, computed on ``device`` (a refreshed copy when the policy lives
-        elsewhere) with the algorithm's exploration when ``explore``."""
+        elsewhere) with the algorithm's exploration when ``explore``. ``inputs``: what a
+        recurrent policy reads besides the observation (``state_in``, ``episode_starts``...);
+        it then returns ``state_out`` too."""
         device = self.device if device is None else torch.device(device)
         policy = self.sampling_policy(policy_id, device)
         kwargs = self.exploration_kwargs(policy_id) if explore else {}
+        kwargs.update({k: v.to(device) for k, v in (inputs or {}).items()})
         return policy.compute_actions(obs.to(device), explore=explore, generator=generator, **kwargs)
+
+    def is_recurrent(self, policy_id: str = DEFAULT_POLICY_ID) -> bool:
+        """Whether the policy carries a state between steps (``use_lstm``)."""
+        return bool(getattr(self.policies[policy_id], "recurrent", False))
 
     @torch.no_grad()
     def compute_actions(
-        self, obs: np.ndarray | Tensor, policy_id: str = DEFAULT_POLICY_ID, explore: bool = True
-    ) -> np.ndarray | Tensor:
-        """Actions for a batch ``[N, *obs_shape]`` (or one observation); numpy in, numpy out."""
+        self, obs: np.ndarray | Tensor, policy_id: str = DEFAULT_POLICY_ID, explore: bool = True,
+        state: np.ndarray | Tensor | None = None, episode_start: np.ndarray | Tensor | None = None,
+        prev_action: np.ndarray | Tensor | None = None, prev_reward: np.ndarray | Tensor | None = None,
+    ) -> Any:
+        """Actions for a batch ``[N, *obs_shape]`` (or one observation); numpy in, numpy out.
+
+        A recurrent policy (``use_lstm``) returns ``(actions, next state)``: it reads ``state``
+        (``[N, state_size]``; zeros when None), zeroes it where ``episode_start`` (``[N]`` bool),
+        and reads the previous action and reward where it was built to (zeros when None)."""
         is_numpy = not isinstance(obs, Tensor)
         obs_t = torch.as_tensor(np.asarray(obs) if is_numpy else obs)
         single = tuple(obs_t.shape) == tuple(self.policy_spaces[policy_id][0].shape or ())
         if single:
             obs_t = obs_t.unsqueeze(0)
-        actions = self.policy_outputs(obs_t, policy_id, explore=explore)["actions"]
-        if single:
-            actions = actions[0]
-        return actions.cpu().numpy() if is_numpy else actions
+        inputs = None
+        if self.is_recurrent(policy_id):
+            given = {STATE_IN: state, EPISODE_STARTS: episode_start, PREV_ACTIONS: prev_action,
+                     PREV_REWARDS: prev_reward}
+            inputs = {k: torch.as_tensor(np.asarray(v) if not isinstance(v, Tensor) else v).reshape(
+                obs_t.shape[0], *([-1] if k == STATE_IN else [])) for k, v in given.items() if v is not None}
+            if STATE_IN in inputs:
+                inputs[STATE_IN] = inputs[STATE_IN].float()
+        out = self.policy_outputs(obs_t, policy_id, explore=explore, inputs=inputs)
+        actions = out["actions"][0] if single else out["actions"]
+        actions = actions.cpu().numpy() if is_numpy else actions
+        if inputs is None:
+            return actions
+        next_state = out[STATE_OUT][0] if single else out[STATE_OUT]
+        return actions, next_state.cpu().numpy() if is_numpy else next_state
 
     def predict(
         self,

@@ -22,10 +22,11 @@ from lightning_rl.data.envs import EnvSpec
 from lightning_rl.data.multi_agent import MultiAgentRolloutDataModule
 from lightning_rl.data.rollout import RolloutDataModule
 from lightning_rl.distributed import all_reduce_max, sum_over_ranks
-from lightning_rl.functional import gae_batch, moments, standardized
+from lightning_rl.functional import gae_batch, gae_sequences, moments, standardized
 from lightning_rl.learner_info import LEARNER_STATS_KEY, LearnerInfoBuilder
 from lightning_rl.nn.models import ActorCritic
-from lightning_rl.update import policy_loss
+from lightning_rl.nn.recurrent import EPISODE_STARTS, PREV_ACTIONS, PREV_REWARDS, STATE_IN, RecurrentActorCritic
+from lightning_rl.update import call, policy_loss
 
 
 class OnPolicyModule(RLModule):
@@ -42,6 +43,14 @@ class OnPolicyModule(RLModule):
     (and schedules) count agents' steps: each iteration steps the envs until
     ``num_envs * rollout_fragment_length`` agent steps were sampled (RLlib's
     ``count_steps_by``). Single-agent, both counts are the same.
+
+    Recurrent (``use_lstm``): an LSTM cell of ``lstm_cell_size`` after each MLP encoder
+    (``nn/recurrent.py``; ``lstm_use_prev_action``/``lstm_use_prev_reward`` add those inputs).
+    Sampling carries each env's state and zeroes it at episode starts; each env's fragment is
+    cut into sequences of ``max_seq_len`` steps (it must divide ``rollout_fragment_length``:
+    nothing is padded), each trained from the state recorded at its first step, the reset
+    steps masked (truncated backpropagation through time, as CleanRL's LSTM PPO). Minibatches
+    are whole sequences.
     """
 
     def __init__(
@@ -73,10 +82,15 @@ class OnPolicyModule(RLModule):
         activation: str,
         vf_share_layers: bool,
         log_std_init: float,
-            policies: Sequence[str] | dict[str, dict[str, Any]] | None = None,
+        policies: Sequence[str] | dict[str, dict[str, Any]] | None = None,
         policy_mapping_fn: PolicyMapping | None = None,
         policies_to_train: Sequence[str] | None = None,
-        count_steps_by: Literal["env_steps", "agent_steps"],
+        count_steps_by: Literal["env_steps", "agent_steps"] = "env_steps",
+        use_lstm: bool = False,
+        lstm_cell_size: int = 64,
+        max_seq_len: int = 16,
+        lstm_use_prev_action: bool = False,
+        lstm_use_prev_reward: bool = False,
     ) -> None:
         super().__init__(
             env=env, total_env_steps=total_env_steps, seed=seed, num_cpu_threads=num_cpu_threads,
@@ -118,7 +132,24 @@ class OnPolicyModule(RLModule):
         self.num_minibatches = math.ceil(self.train_batch_size / sgd_minibatch_size)
         defaults = dict(hiddens=hiddens, activation=activation, vf_share_layers=vf_share_layers,
                         log_std_init=log_std_init)
-        self.build_policies(ActorCritic, **defaults)
+        self.max_seq_len = max_seq_len if use_lstm else None
+        if use_lstm:
+            self.check_recurrent_settings(max_seq_len, rollout_fragment_length)
+            defaults.update(lstm_cell_size=lstm_cell_size, lstm_use_prev_action=lstm_use_prev_action,
+                            lstm_use_prev_reward=lstm_use_prev_reward)
+        self.build_policies(RecurrentActorCritic if use_lstm else ActorCritic, **defaults)
+
+    def check_recurrent_settings(self, max_seq_len: int, rollout_fragment_length: int) -> None:
+        """Training sequences are ``max_seq_len`` steps of one env cut from its fragment, so they
+        need no padding; a minibatch holds whole sequences."""
+        if self.multi_agent:
+            raise ValueError("use_lstm with a multi-agent (PettingZoo) env is not supported yet")
+        if max_seq_len < 1 or rollout_fragment_length % max_seq_len:
+            raise ValueError(f"max_seq_len ({max_seq_len}) must divide rollout_fragment_length "
+                             f"({rollout_fragment_length}): each env's fragment is cut into sequences of that length")
+        if max_seq_len > self.sgd_minibatch_size:
+            raise ValueError(f"max_seq_len ({max_seq_len}) is larger than sgd_minibatch_size "
+                             f"({self.sgd_minibatch_size}): a minibatch holds whole sequences")
 
     @property
     def policy(self) -> ActorCritic:
@@ -134,13 +165,33 @@ class OnPolicyModule(RLModule):
     # ------------------------------------------------------------ post-processing
     @torch.no_grad()
     def postprocess_rollout(
-        self, policy_id: str, rollout: SampleBatch, last_obs: Tensor, valid: Tensor
+        self, policy_id: str, rollout: SampleBatch, last_obs: Tensor, valid: Tensor, **inputs: Tensor
     ) -> SampleBatch:
-        """Turn a time-major ``[T, N]`` rollout into a flat training batch: GAE advantages and
-        value targets, then the reset steps of next-step autoreset dropped (``valid``)."""
-        policy = self.sampling_policy(policy_id, rollout[SampleBatch.OBS].device)
-        bootstrap = policy.value(last_obs.to(rollout[SampleBatch.OBS].device))
-        return SampleBatch(gae_batch(rollout, bootstrap, valid, self.gamma, self.lambda_))
+        """Turn a time-major ``[T, N]`` rollout into a training batch: GAE advantages and value
+        targets, then the reset steps of next-step autoreset dropped (``valid``); a recurrent
+        policy's rows are cut into ``max_seq_len`` sequences instead, the reset steps masked
+        (``inputs``: its state etc. after the last step, for the bootstrap value)."""
+        device = rollout[SampleBatch.OBS].device
+        policy = self.sampling_policy(policy_id, device)
+        bootstrap = policy.value(last_obs.to(device), **{k: v.to(device) for k, v in inputs.items()})
+        if self.max_seq_len is None:
+            return SampleBatch(gae_batch(rollout, bootstrap, valid, self.gamma, self.lambda_))
+        return SampleBatch(gae_sequences(rollout, bootstrap, valid, self.gamma, self.lambda_, self.max_seq_len))
+
+    def policy_forward(self, policy_id: str, batch: SampleBatch, params: dict[str, Tensor] | None) -> tuple:
+        """``(action distribution, values)`` over a minibatch's rows. A recurrent policy's rows
+        are ``max_seq_len`` time-major steps of whole sequences, run from each sequence's state
+        recorded while sampling."""
+        policy = self.policies[policy_id]
+        if self.max_seq_len is None:
+            return call(policy, params, batch[SampleBatch.OBS])
+
+        def time_major(x: Tensor) -> Tensor:
+            return x.reshape(self.max_seq_len, -1, *x.shape[1:])
+
+        return call(policy, params, time_major(batch[SampleBatch.OBS]), time_major(batch[STATE_IN])[0],
+                    time_major(batch[EPISODE_STARTS]), time_major(batch[PREV_ACTIONS]),
+                    time_major(batch[PREV_REWARDS]))
 
     # ------------------------------------------------------------ minibatch SGD
     def loss(
@@ -213,7 +264,8 @@ class OnPolicyModule(RLModule):
                 continue
             policy_batch = batch.policy_batches[policy_id] if count else self.placeholder_batch(policy_id)
             self.learn_on_policy_batch(policy_id, policy_batch, builder, rows, placeholder=not count)
-            trained += count
+            # a recurrent policy's sequences keep the reset steps, masked: they are not trained on
+            trained += int(policy_batch[SampleBatch.MASK].sum()) if self.max_seq_len and count else count
         return trained
 
     def placeholder_batch(self, policy_id: str) -> SampleBatch:
@@ -235,14 +287,16 @@ class OnPolicyModule(RLModule):
         ``plan_rows``: the rows the minibatches are planned for (multi-agent DDP: the largest
         count over the ranks); ``placeholder``: ``batch`` stands in for no rows, every
         minibatch masked out."""
+        valid = batch.get(SampleBatch.MASK) if self.max_seq_len else None  # a recurrent batch's real rows
         for field in self.standardize_fields:
             # Under DDP, standardize over the global batch (one all-reduce of three numbers),
             # so N ranks of B rows train like one process with N * B rows (a placeholder adds none).
-            if self.trainer.world_size > 1:
-                local = moments(batch[field]) * (0.0 if placeholder else 1.0)
-                batch[field] = standardized(batch[field], moments=sum_over_ranks(local))
-            else:
+            if self.trainer.world_size == 1 and valid is None:
                 batch[field] = standardized(batch[field])
+                continue
+            local = moments(batch[field], valid) * (0.0 if placeholder else 1.0)
+            batch[field] = standardized(batch[field], moments=sum_over_ranks(local)
+                                        if self.trainer.world_size > 1 else local)
         optimizer = self.policy_optimizer(policy_id)
         lr = self.set_lr(self.current(self.lr_points, self.lr), optimizer)
         step = self.update_step(f"loss/{policy_id}", dict(self.policies[policy_id].named_parameters()), optimizer,
@@ -250,6 +304,9 @@ class OnPolicyModule(RLModule):
         scalars = self.loss_scalars(policy_id)
         num_minibatches, size = self.minibatch_plan(batch.count if plan_rows is None else plan_rows, policy_id)
         pad = step.compiled or (plan_rows is not None and plan_rows != batch.count)
+        if self.max_seq_len:
+            self.learn_on_sequences(step, batch, scalars, num_minibatches, policy_id, builder, lr)
+            return
         for _ in range(self.num_sgd_iter):
             order = torch.randperm(batch.count, generator=self.shuffle_generator).to(self.device)
             for rows in order.tensor_split(num_minibatches):
@@ -260,6 +317,29 @@ class OnPolicyModule(RLModule):
                     minibatch = self.padded_minibatch(batch, rows, size)
                 else:
                     minibatch = batch.select(rows)
+                stats = step(minibatch, scalars)
+                self.counters["num_grad_updates"] += 1
+                builder.add_learn_on_batch_results({LEARNER_STATS_KEY: {**stats, "cur_lr": lr}}, policy_id)
+
+    def learn_on_sequences(self, step: Any, batch: SampleBatch, scalars: dict[str, Any], num_minibatches: int,
+                           policy_id: str, builder: LearnerInfoBuilder, lr: float) -> None:
+        """A recurrent policy's epochs: whole sequences shuffled and cut into ``num_minibatches``
+        minibatches (each the same number of sequences, padded with masked-out copies where they
+        do not divide, so every rank and the compiled step see one shape); rows time-major."""
+        L = self.max_seq_len
+        num_seqs = batch[SampleBatch.SEQ_LENS].numel()
+        per = -(-num_seqs // num_minibatches)
+        steps = torch.arange(L, device=self.device)[:, None]
+        for _ in range(self.num_sgd_iter):
+            order = torch.randperm(num_seqs, generator=self.shuffle_generator).to(self.device)
+            for seqs in order.tensor_split(num_minibatches):
+                keep = torch.ones(per, device=self.device)
+                if seqs.numel() < per:
+                    keep[seqs.numel():] = 0.0
+                    seqs = torch.cat([seqs, seqs[:1].expand(per - seqs.numel())])
+                rows = (seqs[None, :] * L + steps).flatten()  # [L, per] time-major
+                minibatch = batch.select(rows)
+                minibatch[SampleBatch.MASK] = minibatch[SampleBatch.MASK] * keep.repeat(L)
                 stats = step(minibatch, scalars)
                 self.counters["num_grad_updates"] += 1
                 builder.add_learn_on_batch_results({LEARNER_STATS_KEY: {**stats, "cur_lr": lr}}, policy_id)

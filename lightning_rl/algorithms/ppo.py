@@ -13,7 +13,6 @@ from lightning_rl.algorithms.on_policy import OnPolicyModule
 from lightning_rl.batch import SampleBatch
 from lightning_rl.data.envs import EnvSpec
 from lightning_rl.functional import explained_variance, masked_mean, ppo_surrogate_loss, value_loss
-from lightning_rl.update import call
 
 
 class PPO(OnPolicyModule):
@@ -75,6 +74,11 @@ class PPO(OnPolicyModule):
         policy_mapping_fn: PolicyMapping | None = None,
         policies_to_train: Sequence[str] | None = None,
         count_steps_by: Literal["env_steps", "agent_steps"] = "env_steps",
+        use_lstm: bool = False,
+        lstm_cell_size: int = 64,
+        max_seq_len: int = 16,
+        lstm_use_prev_action: bool = False,
+        lstm_use_prev_reward: bool = False,
     ) -> None:
         super().__init__(
             env=env, num_envs=num_envs, rollout_fragment_length=rollout_fragment_length,
@@ -87,7 +91,9 @@ class PPO(OnPolicyModule):
             grad_clip=grad_clip, standardize_fields=standardize_fields, hiddens=hiddens, activation=activation,
             vf_share_layers=vf_share_layers, log_std_init=log_std_init, policies=policies,
             policy_mapping_fn=policy_mapping_fn, policies_to_train=policies_to_train,
-            count_steps_by=count_steps_by,
+            count_steps_by=count_steps_by, use_lstm=use_lstm, lstm_cell_size=lstm_cell_size,
+            max_seq_len=max_seq_len, lstm_use_prev_action=lstm_use_prev_action,
+            lstm_use_prev_reward=lstm_use_prev_reward,
         )
         self.save_hyperparameters()
         if clip_param <= 0 or (vf_clip_param is not None and vf_clip_param <= 0):
@@ -109,7 +115,7 @@ class PPO(OnPolicyModule):
     ) -> tuple[Tensor, dict[str, Any]]:
         scalars = self.loss_scalars(policy_id) if scalars is None else scalars
         clip_param, kl_coeff = scalars["clip_param"], scalars["kl_coeff"]
-        dist, values = call(self.policies[policy_id], params, batch[SampleBatch.OBS])
+        dist, values = self.policy_forward(policy_id, batch, params)
         logp = dist.log_prob(batch[SampleBatch.ACTIONS])
         mask = batch.get(SampleBatch.MASK)  # padded rows of a compiled step's minibatch count 0
 

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import torch
 
 from lightning_rl.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
 from lightning_rl.data.base import EnvDataModule, rank_seed
 from lightning_rl.data.envs import EnvSpec
+from lightning_rl.nn.recurrent import EPISODE_STARTS, PREV_ACTIONS, PREV_REWARDS, STATE_IN, STATE_OUT
 
 __all__ = ["RolloutDataModule", "rank_seed"]
 
@@ -52,7 +55,8 @@ class RolloutDataModule(EnvDataModule):
         # Outside inference mode: the batch's tensors become ordinary ones autograd may save.
         rollout = SampleBatch({k: v.clone() for k, v in rollout.items()})
         with torch.no_grad():
-            batch = self.module.postprocess_rollout(policy_id, rollout, torch.tensor(self._obs), valid)
+            batch = self.module.postprocess_rollout(policy_id, rollout, torch.tensor(self._obs), valid,
+                                                    **self.recurrent_inputs())
         info = self.episode_info()
         info["sample_time_s"] = time.perf_counter() - start
         return MultiAgentBatch({policy_id: batch}, env_steps=self.train_batch_size, info=info)
@@ -67,20 +71,27 @@ class RolloutDataModule(EnvDataModule):
         truncateds = np.empty((T, N), dtype=bool)
         valid = np.empty((T, N), dtype=bool)
         obs_buf = torch.empty((T, N, *self._obs.shape[1:]), dtype=torch.as_tensor(self._obs).dtype)
+        recurrent = self.module.is_recurrent(policy_id)
+        if recurrent and self._recurrent is None:
+            self._recurrent = self.initial_recurrent_inputs(policy_id)
         for t in range(T):
             # The policy reads the copy in obs_buf, not numpy's memory: a matmul's rounding may
             # depend on its input's alignment, which numpy leaves to chance (exact resume).
             obs_buf[t] = torch.from_numpy(self._obs)
             obs = obs_buf[t]
+            inputs = self.recurrent_inputs()
             out = self.module.policy_outputs(obs, policy_id, explore=True, generator=self.generator,
-                                             device=self.sampling_device)
-            for key, value in out.items():
+                                             device=self.sampling_device, inputs=inputs)
+            state_out = out.pop(STATE_OUT, None)
+            for key, value in {**out, **inputs}.items():
                 if key not in cols:
                     cols[key] = torch.empty((T, *value.shape), dtype=value.dtype)
                 cols[key][t] = value
-            _, rewards[t], terminateds[t], truncateds[t], valid[t] = self.step_envs(
-                out[SampleBatch.ACTIONS].cpu().numpy()
-            )
+            actions = out[SampleBatch.ACTIONS].cpu()
+            _, rewards[t], terminateds[t], truncateds[t], valid[t] = self.step_envs(actions.numpy())
+            if recurrent:
+                self._next_recurrent_inputs(state_out.cpu(), actions, rewards[t], terminateds[t] | truncateds[t],
+                                            valid[t])
         rollout = SampleBatch(
             {
                 SampleBatch.OBS: obs_buf,
@@ -91,3 +102,48 @@ class RolloutDataModule(EnvDataModule):
             }
         )
         return rollout, torch.from_numpy(valid)
+
+    # ------------------------------------------------------------ recurrent policies
+    def recurrent_inputs(self) -> dict[str, torch.Tensor]:
+        """What a recurrent policy reads besides the observation, per env: its state, whether an
+        episode starts (the state is zeroed there), the previous action and reward (zero at a
+        start); empty for a feed-forward policy."""
+        return {} if self._recurrent is None else dict(self._recurrent)
+
+    def initial_recurrent_inputs(self, policy_id: str) -> dict[str, torch.Tensor]:
+        N = self.num_envs
+        policy = self.module.policies[policy_id]
+        action_shape = self.envs.single_action_space.shape or ()
+        action_dtype = torch.float32 if isinstance(self.envs.single_action_space, gym.spaces.Box) else torch.int64
+        return {STATE_IN: policy.initial_state(N), EPISODE_STARTS: torch.ones(N, dtype=torch.bool),
+                PREV_ACTIONS: torch.zeros((N, *action_shape), dtype=action_dtype),
+                PREV_REWARDS: torch.zeros(N, dtype=torch.float32)}
+
+    def _next_recurrent_inputs(self, state: torch.Tensor, actions: torch.Tensor, rewards: np.ndarray,
+                               done: np.ndarray, valid: np.ndarray) -> None:
+        # An episode starts at the reset step after a done (next-step autoreset) and at the first
+        # real step after that reset step: the state is zeroed at both.
+        starts = torch.from_numpy(done | ~valid)
+        keep = ~starts
+        self._recurrent = {
+            STATE_IN: state,
+            EPISODE_STARTS: starts,
+            PREV_ACTIONS: torch.where(keep.reshape(-1, *[1] * (actions.dim() - 1)), actions,
+                                      torch.zeros_like(actions)),
+            PREV_REWARDS: torch.from_numpy(rewards).float() * keep,
+        }
+
+    def local_state(self) -> dict[str, Any]:
+        state = super().local_state()
+        state["recurrent"] = None if self._recurrent is None else dict(self._recurrent)
+        return state
+
+    def load_local_state(self, state: dict[str, Any]) -> None:
+        if state.get("recurrent") is not None:
+            self._recurrent = {k: v.clone() for k, v in state["recurrent"].items()}
+
+    def on_envs_ready(self) -> None:
+        self._recurrent: dict[str, torch.Tensor] | None = None
+
+    def on_envs_reset(self) -> None:
+        self._recurrent = None  # fresh episodes start from fresh states
