@@ -6,6 +6,7 @@ reaches (the README gives both over seeds).
 
     python examples/ppo_lstm_cartpole.py                  # 300k env steps
     python examples/ppo_lstm_cartpole.py --no-lstm        # the same PPO without the LSTM
+    python examples/ppo_lstm_cartpole.py --compile        # compiled update steps
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ def main(argv: list[str] | None = None) -> float:
     parser.add_argument("--total-env-steps", type=int, default=300_000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-lstm", action="store_true")
+    parser.add_argument("--compile", action="store_true", help="compiled update steps (about 2x faster after a "
+                        "few minutes of compiling, measured)")
     parser.add_argument("--log-dir", default="runs")
     args = parser.parse_args(argv)
 
@@ -67,6 +70,7 @@ def main(argv: list[str] | None = None) -> float:
         lambda_=0.8,
         total_env_steps=args.total_env_steps,
         seed=args.seed,
+        compile=args.compile,
     )
     last = LastEpisodes(20)
     trainer = pl.Trainer(logger=TensorBoardLogger(args.log_dir, name="ppo_lstm_cartpole"), log_every_n_steps=5,

@@ -17,9 +17,8 @@ from tests.conftest import fit_in_halves, quiet_trainer
 class Countdown(gym.Env):
     """Episodes of ``length`` steps; the observation is ``[steps left, 1]``."""
 
-    metadata = {"render_modes": ["rgb_array"]}
-
     def __init__(self, length: int = 5, render_mode: str | None = "rgb_array") -> None:
+        self.metadata = {"render_modes": ["rgb_array"]}
         self.length, self.render_mode = length, render_mode
         self.observation_space = gym.spaces.Box(-10.0, 10.0, (2,), np.float32)
         self.action_space = gym.spaces.Discrete(2)
@@ -181,3 +180,49 @@ def test_predict_carries_the_state_like_recurrent_ppo_and_evaluate_and_record_wo
     assert len(gif_returns) == 1
     with pytest.raises(ValueError, match="predict does not know the previous action and reward"):
         lstm_ppo(lstm_use_prev_action=True).predict(obs, None, np.ones(2, dtype=bool))
+
+
+def lstm_impala(algo=None, **kwargs):
+    from lightning_rl import IMPALA
+
+    settings = dict(env=Countdown, use_lstm=True, num_workers=0, num_envs=2, rollout_fragment_length=8,
+                    train_batch_size=16, hiddens=(16,), lstm_cell_size=8, total_env_steps=10**6, seed=0,
+                    iterations_per_epoch=2, vectorization="sync", sampler_timeout_s=30.0)
+    return (algo or IMPALA)(**{**settings, **kwargs})
+
+
+def impala_batch(model) -> SampleBatch:
+    dm = model.default_datamodule
+    dm.connect(model)
+    dm.setup("fit")
+    try:
+        return dm.sample().policy_batches["default_policy"]
+    finally:
+        dm.close()
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_impala_columns_are_sequences_whose_forward_reproduces_sampling_and_its_bootstrap_step(workers):
+    model = lstm_impala(num_workers=workers, lstm_use_prev_action=True, lstm_use_prev_reward=True)
+    batch = impala_batch(model)
+    assert batch["state_in"].shape == (8, 2, model.policies["default_policy"].state_size)
+    with torch.no_grad():
+        _, logp, values, bootstrap_value, _ = model.time_major_forward("default_policy", batch, None)
+        following = model.policies["default_policy"].compute_actions(
+            batch["bootstrap_obs"], explore=False, state_in=batch["bootstrap_state_in"],
+            episode_starts=batch["bootstrap_episode_starts"], prev_actions=batch["bootstrap_prev_actions"],
+            prev_rewards=batch["bootstrap_prev_rewards"])
+    torch.testing.assert_close(logp, batch["action_logp"], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(values, batch["vf_preds"], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(bootstrap_value, following["vf_preds"], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("algo_name", ["IMPALA", "APPO"])
+def test_recurrent_impala_and_appo_resume_bit_exactly_without_workers(algo_name, tmp_path):
+    import lightning_rl
+
+    algo = getattr(lightning_rl, algo_name)
+    full, _, resumed = fit_in_halves(lambda: lstm_impala(algo, max_seq_len=4), tmp_path, batches=2)
+    assert resumed.counters == full.counters
+    for x, y in zip(resumed.parameters(), full.parameters()):
+        torch.testing.assert_close(x, y, rtol=0, atol=0)

@@ -83,6 +83,11 @@ class APPO(IMPALA):
         use_kl_loss: bool = False,
         kl_coeff: float = 1.0,
         target_network_update_freq: int = 1000,
+        use_lstm: bool = False,
+        lstm_cell_size: int = 64,
+        max_seq_len: int | None = None,
+        lstm_use_prev_action: bool = False,
+        lstm_use_prev_reward: bool = False,
         policies: Sequence[str] | dict[str, dict[str, Any]] | None = None,
         policy_mapping_fn: PolicyMapping | None = None,
         policies_to_train: Sequence[str] | None = None,
@@ -101,7 +106,9 @@ class APPO(IMPALA):
             lr_schedule=lr_schedule, gamma=gamma, lambda_=lambda_, grad_clip=grad_clip, vf_loss_coeff=vf_loss_coeff,
             entropy_coeff=entropy_coeff, vtrace_clip_rho_threshold=vtrace_clip_rho_threshold,
             vtrace_clip_pg_rho_threshold=vtrace_clip_pg_rho_threshold, hiddens=hiddens, activation=activation,
-            vf_share_layers=vf_share_layers, log_std_init=log_std_init, policies=policies,
+            vf_share_layers=vf_share_layers, log_std_init=log_std_init, use_lstm=use_lstm,
+            lstm_cell_size=lstm_cell_size, max_seq_len=max_seq_len, lstm_use_prev_action=lstm_use_prev_action,
+            lstm_use_prev_reward=lstm_use_prev_reward, policies=policies,
             policy_mapping_fn=policy_mapping_fn, policies_to_train=policies_to_train,
         )
         self.save_hyperparameters()

@@ -319,6 +319,10 @@ class RLModule(pl.LightningModule):
         """Whether the policy carries a state between steps (``use_lstm``)."""
         return bool(getattr(self.policies[policy_id], "recurrent", False))
 
+    def initial_state(self, policy_id: str, n: int) -> Tensor:
+        """A recurrent policy's state at an episode's start for ``n`` envs (CPU)."""
+        return self.policies[policy_id].initial_state(n)
+
     @torch.no_grad()
     def compute_actions(
         self, obs: np.ndarray | Tensor, policy_id: str = DEFAULT_POLICY_ID, explore: bool = True,

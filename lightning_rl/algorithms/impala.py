@@ -18,11 +18,12 @@ from lightning_rl.algorithms.base import (
     resolve_schedule,
 )
 from lightning_rl.batch import MultiAgentBatch, SampleBatch
-from lightning_rl.data.async_sampling import BOOTSTRAP_OBS, VALID, AsyncSamplingDataModule
+from lightning_rl.data.async_sampling import BOOTSTRAP, BOOTSTRAP_OBS, VALID, AsyncSamplingDataModule
 from lightning_rl.data.envs import EnvSpec
 from lightning_rl.functional import explained_variance, masked_mean, vtrace
 from lightning_rl.learner_info import LEARNER_STATS_KEY, LearnerInfoBuilder
 from lightning_rl.nn.models import ActorCritic
+from lightning_rl.nn.recurrent import EPISODE_STARTS, PREV_ACTIONS, PREV_REWARDS, STATE_IN, RecurrentActorCritic
 from lightning_rl.update import call, policy_loss
 
 
@@ -47,6 +48,11 @@ class IMPALA(RLModule):
         vtrace_clip_rho_threshold, vtrace_clip_pg_rho_threshold: V-trace's clips of the
             importance ratio in the value targets and the policy gradient (``None``: no clip).
         lambda_: V-trace's trace decay (1: the paper's; lower trades bias for variance, as GAE's).
+        use_lstm, lstm_cell_size, lstm_use_prev_action, lstm_use_prev_reward: a recurrent policy
+            (``nn/recurrent.py``): each fragment column is one sequence, run from the state
+            recorded at its first step through its bootstrap step.
+        max_seq_len: with ``use_lstm``, backpropagate through at most this many steps (the state
+            is detached every ``max_seq_len`` steps of a column); ``None``: the whole fragment.
         policies, policy_mapping_fn, policies_to_train: multi-agent (a PettingZoo env), as for
             PPO: each policy's batch has a time-major column per (env, agent mapped to it).
 
@@ -91,6 +97,11 @@ class IMPALA(RLModule):
         activation: str = "tanh",
         vf_share_layers: bool = False,
         log_std_init: float = 0.0,
+        use_lstm: bool = False,
+        lstm_cell_size: int = 64,
+        max_seq_len: int | None = None,
+        lstm_use_prev_action: bool = False,
+        lstm_use_prev_reward: bool = False,
         policies: Sequence[str] | dict[str, dict[str, Any]] | None = None,
         policy_mapping_fn: PolicyMapping | None = None,
         policies_to_train: Sequence[str] | None = None,
@@ -130,8 +141,18 @@ class IMPALA(RLModule):
         self.gamma, self.lambda_, self.grad_clip = gamma, lambda_, grad_clip
         self.vf_loss_coeff, self.entropy_coeff = vf_loss_coeff, entropy_coeff
         self.clip_rho, self.clip_pg_rho = vtrace_clip_rho_threshold, vtrace_clip_pg_rho_threshold
-        self.build_policies(ActorCritic, hiddens=hiddens, activation=activation, vf_share_layers=vf_share_layers,
-                            log_std_init=log_std_init)
+        defaults = dict(hiddens=hiddens, activation=activation, vf_share_layers=vf_share_layers,
+                        log_std_init=log_std_init)
+        self.use_lstm, self.max_seq_len = use_lstm, max_seq_len
+        if use_lstm:
+            if self.multi_agent:
+                raise ValueError("use_lstm with a multi-agent (PettingZoo) env is not supported yet")
+            if max_seq_len is not None and (max_seq_len < 1 or rollout_fragment_length % max_seq_len):
+                raise ValueError(f"max_seq_len ({max_seq_len}) must divide rollout_fragment_length "
+                                 f"({rollout_fragment_length})")
+            defaults.update(lstm_cell_size=lstm_cell_size, lstm_use_prev_action=lstm_use_prev_action,
+                            lstm_use_prev_reward=lstm_use_prev_reward)
+        self.build_policies(RecurrentActorCritic if use_lstm else ActorCritic, **defaults)
 
     supports_multi_agent = True  # time-major columns per (env, agent): MultiAgentFragmentSampler
 
@@ -165,8 +186,16 @@ class IMPALA(RLModule):
         actions = batch[SampleBatch.ACTIONS]
         T, B = actions.shape[:2]
         n = T * B
-        obs = torch.cat([batch[SampleBatch.OBS].flatten(0, 1), batch[BOOTSTRAP_OBS]])
-        dist, values_all = call(self.policies[policy_id] if policy is None else policy, params, obs)
+        policy = self.policies[policy_id] if policy is None else policy
+        if self.use_lstm:  # the fragment's steps, then the bootstrap step, from the recorded state
+            def steps(key: str) -> Tensor:
+                return torch.cat([batch[key], batch[BOOTSTRAP + key][None]])
+
+            dist, values_all = call(policy, params, steps(SampleBatch.OBS), batch[STATE_IN][0], steps(EPISODE_STARTS),
+                                    steps(PREV_ACTIONS), steps(PREV_REWARDS), detach_every=self.max_seq_len)
+        else:
+            obs = torch.cat([batch[SampleBatch.OBS].flatten(0, 1), batch[BOOTSTRAP_OBS]])
+            dist, values_all = call(policy, params, obs)
         # the bootstrap rows' actions are dummies (their log-probs are cut off)
         logp = dist.log_prob(torch.cat([actions.flatten(0, 1), actions[0]]))[:n].reshape(T, B)
         mask = batch[VALID].flatten().to(values_all.dtype)  # reset rows of next-step autoreset count 0
@@ -225,6 +254,6 @@ class IMPALA(RLModule):
             return [batch]
         columns = self.sgd_minibatch_size // batch[VALID].shape[0]
         order = torch.randperm(B, generator=self.shuffle_generator).to(batch[VALID].device)
-        return [SampleBatch({k: v[:, cols] if v.dim() > 1 and k != BOOTSTRAP_OBS else v[cols]
+        return [SampleBatch({k: v[:, cols] if v.dim() > 1 and not k.startswith(BOOTSTRAP) else v[cols]
                              for k, v in batch.items()}) for cols in order.split(columns)]
 

@@ -59,10 +59,12 @@ from lightning_rl.data.base import EnvDataModule, rank_seed
 from lightning_rl.data.envs import EnvSpec, close_vector_env, describe_exit_code, make_vector_env, stop_processes
 from lightning_rl.data.multi_agent_fragments import MultiAgentFragmentSampler, split_policy_columns
 from lightning_rl.data.rollout import RolloutDataModule
+from lightning_rl.nn.recurrent import EPISODE_STARTS, PREV_ACTIONS, PREV_REWARDS, STATE_IN, STATE_OUT
 
 __all__ = ["AsyncSamplingDataModule", "MinibatchBuffer"]
 
-BOOTSTRAP_OBS = "bootstrap_obs"
+BOOTSTRAP = "bootstrap_"  # what is read after the fragment: the observation, a recurrent policy's inputs
+BOOTSTRAP_OBS = BOOTSTRAP + "obs"
 POLICY_VERSION = "policy_version"
 VALID = "valid"
 _POLL_S = 0.05  # how often a blocked learner or worker looks at the world (stop, deaths)
@@ -102,11 +104,20 @@ class _Policy:
     def check_spaces(self, observation_space: Any, action_space: Any) -> None:
         pass
 
+    def _policy(self, policy_id: str) -> nn.Module:
+        return self.policy[policy_id] if isinstance(self.policy, nn.ModuleDict) else self.policy  # multi-agent
+
     def policy_outputs(self, obs: torch.Tensor, policy_id: str, explore: bool = True,
-                       generator: torch.Generator | None = None, device: Any = None) -> dict[str, torch.Tensor]:
-        kwargs = self.exploration if explore else {}
-        policy = self.policy[policy_id] if isinstance(self.policy, nn.ModuleDict) else self.policy  # multi-agent
-        return policy.compute_actions(obs, explore=explore, generator=generator, **kwargs)
+                       generator: torch.Generator | None = None, device: Any = None,
+                       inputs: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        kwargs = {**(self.exploration if explore else {}), **(inputs or {})}
+        return self._policy(policy_id).compute_actions(obs, explore=explore, generator=generator, **kwargs)
+
+    def is_recurrent(self, policy_id: str) -> bool:
+        return bool(getattr(self._policy(policy_id), "recurrent", False))
+
+    def initial_state(self, policy_id: str, n: int) -> torch.Tensor:
+        return self._policy(policy_id).initial_state(n)
 
 
 class FragmentTask:
@@ -173,7 +184,14 @@ def _fragment_columns(policy: nn.Module, dm: RolloutDataModule) -> dict[str, tup
     with torch.inference_mode():
         out = policy.compute_actions(obs, explore=True, generator=torch.Generator().manual_seed(0))
     cols = {SampleBatch.OBS: ((T, N, *obs.shape[1:]), obs.dtype)}
-    cols.update({k: ((T, *v.shape), v.dtype) for k, v in out.items()})
+    cols.update({k: ((T, *v.shape), v.dtype) for k, v in out.items() if k != STATE_OUT})
+    if getattr(policy, "recurrent", False):  # its inputs, per step and after the fragment (the bootstrap step)
+        action = cols[SampleBatch.ACTIONS]
+        inputs = {STATE_IN: ((N, policy.state_size), torch.float32), EPISODE_STARTS: ((N,), torch.bool),
+                  PREV_ACTIONS: (action[0][1:], action[1]), PREV_REWARDS: ((N,), torch.float32)}
+        for key, (shape, dtype) in inputs.items():
+            cols[key] = ((T, *shape), dtype)
+            cols[BOOTSTRAP + key] = (shape, dtype)
     cols[SampleBatch.REWARDS] = ((T, N), torch.float32)
     cols[SampleBatch.TERMINATEDS] = ((T, N), torch.bool)
     cols[SampleBatch.TRUNCATEDS] = ((T, N), torch.bool)
@@ -192,7 +210,10 @@ def _sample_fragment(sampler: Any, task: FragmentTask, policy: nn.Module,
     with torch.inference_mode():
         rollout, valid = sampler.rollout_fragment(policy_id)
     rollout = {k: v.clone() for k, v in rollout.items()}  # ordinary tensors, not inference ones
-    return task.make(policy, rollout, valid.clone(), torch.tensor(sampler._obs))
+    tensors, extra = task.make(policy, rollout, valid.clone(), torch.tensor(sampler._obs))
+    # a recurrent policy's inputs after the fragment: where its bootstrap step starts
+    tensors.update({BOOTSTRAP + k: v for k, v in sampler.recurrent_inputs().items()})
+    return tensors, extra
 
 
 def _worker_main(
@@ -499,7 +520,7 @@ class AsyncSamplingDataModule(EnvDataModule):
         """Fragments side by side along the env axis: ``[T, B]`` columns."""
         cols = {}
         for key in fragments[0].tensors:
-            dim = 0 if key.endswith(BOOTSTRAP_OBS) else 1
+            dim = 0 if key.rsplit("/", 1)[-1].startswith(BOOTSTRAP) else 1  # [B] columns, [T, B] columns
             cols[key] = torch.cat([f.tensors[key] for f in fragments], dim=dim)
         by_policy = split_policy_columns(cols) if self.multi_agent else {self.policy_id: cols}
         batches = {}

@@ -112,10 +112,9 @@ class RolloutDataModule(EnvDataModule):
 
     def initial_recurrent_inputs(self, policy_id: str) -> dict[str, torch.Tensor]:
         N = self.num_envs
-        policy = self.module.policies[policy_id]
         action_shape = self.envs.single_action_space.shape or ()
         action_dtype = torch.float32 if isinstance(self.envs.single_action_space, gym.spaces.Box) else torch.int64
-        return {STATE_IN: policy.initial_state(N), EPISODE_STARTS: torch.ones(N, dtype=torch.bool),
+        return {STATE_IN: self.module.initial_state(policy_id, N), EPISODE_STARTS: torch.ones(N, dtype=torch.bool),
                 PREV_ACTIONS: torch.zeros((N, *action_shape), dtype=action_dtype),
                 PREV_REWARDS: torch.zeros(N, dtype=torch.float32)}
 

@@ -107,13 +107,16 @@ class RecurrentActorCritic(ActorCritic):
 
     def forward(
         self, obs: Tensor, state_in: Tensor, episode_starts: Tensor, prev_actions: Tensor | None = None,
-        prev_rewards: Tensor | None = None,
+        prev_rewards: Tensor | None = None, detach_every: int | None = None,
     ) -> tuple:
         """``[L, B, ...]`` time-major sequences from ``[B, state_size]`` initial states ->
-        (action distribution over the ``L * B`` rows in time-major order, ``[L * B]`` values)."""
+        (action distribution over the ``L * B`` rows in time-major order, ``[L * B]`` values).
+        ``detach_every``: truncate backpropagation through time to that many steps."""
         pi_out, vf_out = [], []
         state = state_in
         for t in range(obs.shape[0]):
+            if detach_every and t and t % detach_every == 0:
+                state = state.detach()
             pi_h, vf_h, state = self.step(obs[t], state, episode_starts[t],
                                           None if prev_actions is None else prev_actions[t],
                                           None if prev_rewards is None else prev_rewards[t])
