@@ -101,6 +101,9 @@ def export_policy(
 ) -> torch.jit.ScriptModule:
     """Save the greedy policy as TorchScript: ``torch.jit.load(path)(obs_batch) -> actions``,
     runnable without Python, Lightning or this library."""
+    if module.is_recurrent(policy_id):
+        raise ValueError("export_policy exports a feed-forward policy (obs -> actions); a recurrent one needs its "
+                         "state: use predict or compute_actions")
     greedy = _GreedyPolicy(copy.deepcopy(module.policies[policy_id]).cpu().eval())
     example = torch.as_tensor(np.stack([module.observation_space.sample() for _ in range(2)]))
     with torch.no_grad():

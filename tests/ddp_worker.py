@@ -146,6 +146,10 @@ def main(out: Path, mode: str) -> None:
             model = PPO(env=RankRelay, policies=["p_runner", "p_helper"], policy_mapping_fn=by_agent, num_envs=2,
                         rollout_fragment_length=10, sgd_minibatch_size=8, num_sgd_iter=2, hiddens=(16,),
                         total_env_steps=2 * 20 * 4, **common)
+    elif mode == "lstm":  # recurrent PPO: whole-sequence minibatches, the same count on both ranks
+        model = PPO(env="CartPole-v1", use_lstm=True, max_seq_len=8, lstm_cell_size=16, hiddens=(16,), num_envs=2,
+                    rollout_fragment_length=16, sgd_minibatch_size=16, num_sgd_iter=2, total_env_steps=2 * 32 * 4,
+                    vectorization="sync", **common)
     elif mode == "uneven":
         model = PPO(env=RankEnv, num_envs=2, rollout_fragment_length=8, sgd_minibatch_size=8,
                     total_env_steps=4 * 32, vectorization="sync", **common)
