@@ -58,6 +58,17 @@ def fit_in_halves(make: Callable[[], pl.LightningModule], tmp_path: Path, batche
     return full, first, resumed
 
 
+def sample_once(model: pl.LightningModule):
+    """One iteration's batch from the model's own sampler, outside fit."""
+    dm = model.default_datamodule
+    dm.connect(model)
+    dm.setup("fit")
+    try:
+        return dm.sample()
+    finally:
+        dm.close()
+
+
 def fit_iterations(model: pl.LightningModule, iterations: int, **trainer_kwargs) -> pl.Trainer:
     """Run exactly ``iterations`` training iterations (Lightning training steps)."""
     trainer = quiet_trainer(max_epochs=1, limit_train_batches=iterations, **trainer_kwargs)

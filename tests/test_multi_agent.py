@@ -12,7 +12,7 @@ import pytorch_lightning as pl
 import torch
 
 from lightning_rl import A2C, DQN, PPO
-from tests.conftest import fit_in_halves, quiet_trainer
+from tests.conftest import fit_in_halves, quiet_trainer, sample_once
 from tests.multi_agent_envs import Relay, SilentRelay, by_agent
 
 pytest.importorskip("pettingzoo")
@@ -23,17 +23,6 @@ def relay_ppo(**kwargs) -> PPO:
                     rollout_fragment_length=10, sgd_minibatch_size=8, num_sgd_iter=2, total_env_steps=200, seed=0,
                     iterations_per_epoch=5, hiddens=(16,))
     return PPO(**{**settings, **kwargs})
-
-
-def sample_once(model):
-    """One iteration's batch from the model's own sampler, outside fit."""
-    dm = model.default_datamodule
-    dm.connect(model)
-    dm.setup("fit")
-    try:
-        return dm.sample()
-    finally:
-        dm.close()
 
 
 class Batches(pl.Callback):

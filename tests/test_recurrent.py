@@ -11,7 +11,7 @@ import torch
 from lightning_rl import A2C, PPO
 from lightning_rl.batch import SampleBatch
 from lightning_rl.update import UpdateStep
-from tests.conftest import fit_in_halves, quiet_trainer
+from tests.conftest import fit_in_halves, quiet_trainer, sample_once
 
 
 class Countdown(gym.Env):
@@ -37,21 +37,15 @@ class Countdown(gym.Env):
         return np.full((8, 8, 3), 40 * self.t, dtype=np.uint8)
 
 
+def default_batch(model) -> SampleBatch:
+    return sample_once(model).policy_batches["default_policy"]
+
+
 def lstm_ppo(**kwargs) -> PPO:
     settings = dict(env=Countdown, use_lstm=True, max_seq_len=4, num_envs=2, rollout_fragment_length=12,
                     sgd_minibatch_size=8, num_sgd_iter=2, hiddens=(16,), lstm_cell_size=8, total_env_steps=96, seed=0,
                     iterations_per_epoch=2, vectorization="sync")
     return PPO(**{**settings, **kwargs})
-
-
-def sampled_batch(model) -> SampleBatch:
-    dm = model.default_datamodule
-    dm.connect(model)
-    dm.setup("fit")
-    try:
-        return dm.sample().policy_batches["default_policy"]
-    finally:
-        dm.close()
 
 
 def test_sampling_resets_the_state_exactly_at_episode_starts():
@@ -60,7 +54,7 @@ def test_sampling_resets_the_state_exactly_at_episode_starts():
     at each reset step and at the first step after it; the sampled outputs at those rows equal
     a zero state's, and elsewhere they need the carried state."""
     model = lstm_ppo()
-    batch = sampled_batch(model)
+    batch = default_batch(model)
     starts = batch["episode_starts"].reshape(-1, 4)  # sequences of 4, env after env within each chunk
     # sequence s = (chunk c, env n): rows t = 4c .. 4c + 3 of env n
     by_env = {n: torch.cat([starts[c * 2 + n] for c in range(3)]).tolist() for n in range(2)}
@@ -80,7 +74,7 @@ def test_sampling_resets_the_state_exactly_at_episode_starts():
 
 def test_the_training_forward_reproduces_the_sampled_log_probs_and_values_step_for_step():
     model = lstm_ppo(num_envs=3, rollout_fragment_length=16)
-    batch = sampled_batch(model)
+    batch = default_batch(model)
     num_seqs = batch["seq_lens"].numel()
     rows = (torch.arange(num_seqs)[None, :] * 4 + torch.arange(4)[:, None]).flatten()  # all sequences, time-major
     time_major = batch.select(rows)
@@ -112,7 +106,7 @@ def test_minibatches_are_whole_sequences_and_every_rank_takes_the_same_steps(mon
 
 def test_padding_and_masking_do_not_change_the_loss():
     model = lstm_ppo()
-    batch = sampled_batch(model)
+    batch = default_batch(model)
     batch["advantages"] = torch.linspace(-1, 1, batch.count)
     rows = (torch.tensor([0, 3])[None, :] * 4 + torch.arange(4)[:, None]).flatten()
     padded_rows = (torch.tensor([0, 3, 0])[None, :] * 4 + torch.arange(4)[:, None]).flatten()
@@ -193,20 +187,10 @@ def lstm_impala(algo=None, **kwargs):
     return (algo or IMPALA)(**{**settings, **kwargs})
 
 
-def impala_batch(model) -> SampleBatch:
-    dm = model.default_datamodule
-    dm.connect(model)
-    dm.setup("fit")
-    try:
-        return dm.sample().policy_batches["default_policy"]
-    finally:
-        dm.close()
-
-
 @pytest.mark.parametrize("workers", [0, 1])
 def test_impala_columns_are_sequences_whose_forward_reproduces_sampling_and_its_bootstrap_step(workers):
     model = lstm_impala(num_workers=workers, lstm_use_prev_action=True, lstm_use_prev_reward=True)
-    batch = impala_batch(model)
+    batch = default_batch(model)
     assert batch["state_in"].shape == (8, 2, model.policies["default_policy"].state_size)
     with torch.no_grad():
         _, logp, values, bootstrap_value, _ = model.time_major_forward("default_policy", batch, None)
