@@ -150,6 +150,10 @@ def main(out: Path, mode: str) -> None:
         model = PPO(env="CartPole-v1", use_lstm=True, max_seq_len=8, lstm_cell_size=16, hiddens=(16,), num_envs=2,
                     rollout_fragment_length=16, sgd_minibatch_size=16, num_sgd_iter=2, total_env_steps=2 * 32 * 4,
                     vectorization="sync", **common)
+    elif mode == "lstm_impala":  # recurrent IMPALA: fragment columns as sequences, from the recorded state
+        model = IMPALA(env="CartPole-v1", use_lstm=True, max_seq_len=4, lstm_cell_size=16, hiddens=(16,),
+                       num_workers=0, num_envs=2, rollout_fragment_length=8, train_batch_size=16,
+                       total_env_steps=2 * 16 * 4, vectorization="sync", **common)
     elif mode == "uneven":
         model = PPO(env=RankEnv, num_envs=2, rollout_fragment_length=8, sgd_minibatch_size=8,
                     total_env_steps=4 * 32, vectorization="sync", **common)

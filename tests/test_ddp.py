@@ -152,12 +152,14 @@ def test_multi_agent_policy_with_rows_on_one_rank_only(tmp_path, mode):
     assert r0["counters"]["num_agent_steps_sampled"] > r1["counters"]["num_agent_steps_sampled"] == runner_only
 
 
-def test_recurrent_ppo_takes_the_same_steps_on_both_ranks(tmp_path):
-    """use_lstm under DDP: sequences standardized over both ranks' real rows, the same number of
-    whole-sequence minibatches per rank; both ranks end identical."""
-    r0, r1, _ = run_ddp(tmp_path, "lstm", timeout=300)
+@pytest.mark.parametrize(("mode", "updates"), [("lstm", 4 * 2 * 2), ("lstm_impala", 4)])
+def test_recurrent_ppo_takes_the_same_steps_on_both_ranks(tmp_path, mode, updates):
+    """use_lstm under DDP: PPO's sequences standardized over both ranks' real rows, the same
+    number of whole-sequence minibatches per rank (IMPALA: one step per batch); both ranks end
+    identical."""
+    r0, r1, _ = run_ddp(tmp_path, mode, timeout=300)
     assert r0["params"] == r1["params"]
-    assert r0["counters"]["num_grad_updates"] == r1["counters"]["num_grad_updates"] == 4 * 2 * 2
+    assert r0["counters"]["num_grad_updates"] == r1["counters"]["num_grad_updates"] == updates
 
 
 @pytest.fixture(scope="module", params=["ppo", "dqn", "apex", "ma_ppo"])

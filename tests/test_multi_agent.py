@@ -409,6 +409,10 @@ def test_impala_and_appo_train_only_their_policies_to_train_with_sampler_workers
 
 
 def test_a_worker_samples_the_multi_agent_fragment_the_learner_process_samples():
+    from tests.test_async import children
+    from tests.test_env_faults import live_pids
+
+    processes = set(children())
     models = (relay_impala(num_workers=0), relay_impala(num_workers=1))
     dms = [m.default_datamodule for m in models]
     for m, dm in zip(models, dms):
@@ -423,6 +427,7 @@ def test_a_worker_samples_the_multi_agent_fragment_the_learner_process_samples()
     finally:
         for dm in dms:
             dm.close()
+    assert not live_pids([p for p in children() if p not in processes], grace_s=3.0)  # the worker is gone
 
 
 def test_impala_multi_agent_resume_is_bit_exact_without_workers(tmp_path):

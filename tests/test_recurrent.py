@@ -189,8 +189,13 @@ def lstm_impala(algo=None, **kwargs):
 
 @pytest.mark.parametrize("workers", [0, 1])
 def test_impala_columns_are_sequences_whose_forward_reproduces_sampling_and_its_bootstrap_step(workers):
+    from tests.test_async import children
+    from tests.test_env_faults import live_pids
+
     model = lstm_impala(num_workers=workers, lstm_use_prev_action=True, lstm_use_prev_reward=True)
+    processes = set(children())
     batch = default_batch(model)
+    assert not live_pids([p for p in children() if p not in processes], grace_s=3.0)  # the worker is gone
     assert batch["state_in"].shape == (8, 2, model.policies["default_policy"].state_size)
     with torch.no_grad():
         _, logp, values, bootstrap_value, _ = model.time_major_forward("default_policy", batch, None)
@@ -246,3 +251,17 @@ def test_only_the_recurrent_policy_learns_to_recall_a_cue(use_lstm):
     trainer.fit(model)
     result = float(trainer.callback_metrics["rollout/episode_return_mean"])
     assert result > 0.8 if use_lstm else result < 0.3, result
+
+
+def test_a_recurrent_policy_reading_previous_box_actions_evaluates():
+    """Continuous actions as the previous-action input: a row per env through compute_actions."""
+    from lightning_rl import evaluate
+
+    model = PPO(env="Pendulum-v1", use_lstm=True, lstm_use_prev_action=True, lstm_use_prev_reward=True,
+                max_seq_len=4, num_envs=2, rollout_fragment_length=8, sgd_minibatch_size=8, hiddens=(8,),
+                lstm_cell_size=4, seed=0)
+    actions, state = model.compute_actions(np.zeros((2, 3), np.float32), state=None, episode_start=np.ones(2, bool),
+                                           prev_action=np.ones((2, 1), np.float32), prev_reward=np.zeros(2))
+    assert actions.shape == (2, 1) and state.shape == (2, model.policies["default_policy"].state_size)
+    returns = evaluate(model, num_episodes=2, seed=0)
+    assert len(returns) == 2 and all(np.isfinite(returns))

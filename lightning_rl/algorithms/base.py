@@ -343,8 +343,11 @@ class RLModule(pl.LightningModule):
         if self.is_recurrent(policy_id):
             given = {STATE_IN: state, EPISODE_STARTS: episode_start, PREV_ACTIONS: prev_action,
                      PREV_REWARDS: prev_reward}
-            inputs = {k: torch.as_tensor(np.asarray(v) if not isinstance(v, Tensor) else v).reshape(
-                obs_t.shape[0], *([-1] if k == STATE_IN else [])) for k, v in given.items() if v is not None}
+            n = obs_t.shape[0]
+            inputs = {k: torch.as_tensor(np.asarray(v) if not isinstance(v, Tensor) else v) for k, v in given.items()
+                      if v is not None}
+            # per env: a row of state or of a Box action, a scalar otherwise
+            inputs = {k: v.reshape(n, -1) if k in (STATE_IN, PREV_ACTIONS) else v.reshape(n) for k, v in inputs.items()}
             if STATE_IN in inputs:
                 inputs[STATE_IN] = inputs[STATE_IN].float()
         out = self.policy_outputs(obs_t, policy_id, explore=explore, inputs=inputs)
