@@ -345,3 +345,26 @@ def vtrace(
     vs_next = next_values + cont * acc_next
     pg_advantages = clipped_pg_rho * (rewards + gamma * not_term * vs_next - values)
     return vs, pg_advantages
+
+
+def discounted_returns(rewards: Tensor, dones: Tensor, valid: Tensor, carry: Tensor,
+                       gamma: float) -> tuple[Tensor, Tensor]:
+    """Each env's running discounted return after every step, as the standard reward
+    normalizers track it (``R = gamma * R + r``, zeroed after an episode ends): what
+    ``normalize_rewards`` takes the std of.
+
+    Args:
+        rewards, dones, valid: ``[T, N]``; ``valid`` False on next-step autoreset's reset rows
+            (their return is 0 and they are left out of the statistics by the caller).
+        carry: ``[N]`` float64 returns before the first step.
+
+    Returns:
+        ``([T, N]`` float64 returns, ``[N]`` carry after the last step).
+    """
+    out = torch.empty(rewards.shape, dtype=torch.float64)
+    ret = carry.clone()
+    for t in range(rewards.shape[0]):
+        ret = torch.where(valid[t], ret * gamma + rewards[t].double(), torch.zeros_like(ret))
+        out[t] = ret
+        ret = torch.where(dones[t], torch.zeros_like(ret), ret)
+    return out, ret

@@ -64,6 +64,7 @@ class Recorder(pl.Callback):
         self.buffer_obs = None
         self.affinity = None
         self.kl_coeff = None
+        self.rows = 0  # the default policy's batch rows this rank trained on
 
     def on_train_end(self, trainer, pl_module):
         buffer = getattr(pl_module.active_datamodule, "buffer", None)
@@ -79,6 +80,8 @@ class Recorder(pl.Callback):
             replay = batch.replay
             buffer = replay.buffer if hasattr(replay, "buffer") else replay.buffers["p_runner"]  # multi-agent
             self.first_obs = buffer.state_dict()["obs"][:4].reshape(-1).tolist()
+        if "default_policy" in batch.policy_batches:
+            self.rows += batch.policy_batches["default_policy"].count
         stats = outputs["learner_info"].get("default_policy", {}).get("learner_stats", {})
         self.learner_stats.append({k: v for k, v in stats.items() if isinstance(v, float)})
         kl_coeff = getattr(pl_module, "kl_coeff", {})  # PPO's adapts per policy; APPO's is a constant
@@ -154,6 +157,10 @@ def main(out: Path, mode: str) -> None:
         model = IMPALA(env="CartPole-v1", use_lstm=True, max_seq_len=4, lstm_cell_size=16, hiddens=(16,),
                        num_workers=0, num_envs=2, rollout_fragment_length=8, train_batch_size=16,
                        total_env_steps=2 * 16 * 4, vectorization="sync", **common)
+    elif mode == "normalize":  # observation and reward statistics merged over both ranks' batches
+        model = PPO(env="CartPole-v1", normalize_observations=True, normalize_rewards=True, num_envs=2,
+                    rollout_fragment_length=16, sgd_minibatch_size=16, num_sgd_iter=2, total_env_steps=2 * 32 * 4,
+                    **common)
     elif mode == "uneven":
         model = PPO(env=RankEnv, num_envs=2, rollout_fragment_length=8, sgd_minibatch_size=8,
                     total_env_steps=4 * 32, vectorization="sync", **common)
@@ -193,6 +200,8 @@ def main(out: Path, mode: str) -> None:
         "affinity_during": recorder.affinity,
         "affinity_after": affinity(),
         "params": params.tolist(),
+        "buffers": {name: b.double().flatten().tolist() for name, b in model.named_buffers()},
+        "rows": recorder.rows,
         "first_obs": recorder.first_obs,
         "last_obs_rank0": last_obs,
         "last_obs_all": [r["obs"].tolist() for r in ranks] if ranks else None,

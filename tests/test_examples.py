@@ -24,7 +24,7 @@ def load(name: str):
     ("name", "steps"),
     [("ppo_cartpole", 2048), ("ppo_pendulum", 8192), ("dqn_cartpole", 2048), ("sac_pendulum", 600),
      ("impala_cartpole", 4000), ("apex_cartpole", 2048), ("a3c_cartpole", 2000),
-     ("ppo_speaker_listener", 1600)],
+     ("ppo_speaker_listener", 1600), ("custom_network", 2048)],
 )
 def test_example_runs_and_logs(name, steps, tmp_path):
     from tests.test_async import children

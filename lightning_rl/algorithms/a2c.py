@@ -13,6 +13,7 @@ from lightning_rl.algorithms.on_policy import OnPolicyModule
 from lightning_rl.batch import SampleBatch
 from lightning_rl.data.envs import EnvSpec
 from lightning_rl.functional import a2c_loss
+from lightning_rl.nn.encoders import Activation, EncoderSpec
 
 
 class A2C(OnPolicyModule):
@@ -53,7 +54,7 @@ class A2C(OnPolicyModule):
         grad_clip: float | None = 0.5,
         standardize_fields: Sequence[str] = (),
         hiddens: Sequence[int] = (64, 64),
-        activation: str = "tanh",
+        activation: Activation = "tanh",
         vf_share_layers: bool = False,
         log_std_init: float = 0.0,
         vf_loss_coeff: float = 0.5,
@@ -68,6 +69,11 @@ class A2C(OnPolicyModule):
         max_seq_len: int = 16,
         lstm_use_prev_action: bool = False,
         lstm_use_prev_reward: bool = False,
+        encoder: EncoderSpec = None,
+        normalize_observations: bool = False,
+        observation_clip: float | None = 10.0,
+        normalize_rewards: bool = False,
+        reward_clip: float | None = 10.0,
     ) -> None:
         super().__init__(
             env=env, num_envs=num_envs, rollout_fragment_length=rollout_fragment_length,
@@ -83,6 +89,8 @@ class A2C(OnPolicyModule):
             count_steps_by=count_steps_by, use_lstm=use_lstm, lstm_cell_size=lstm_cell_size,
             max_seq_len=max_seq_len, lstm_use_prev_action=lstm_use_prev_action,
             lstm_use_prev_reward=lstm_use_prev_reward,
+            encoder=encoder, normalize_observations=normalize_observations, observation_clip=observation_clip,
+            normalize_rewards=normalize_rewards, reward_clip=reward_clip,
         )
         self.save_hyperparameters()
         if optimizer not in ("rmsprop", "adam"):

@@ -17,6 +17,7 @@ from lightning_rl.batch import SampleBatch
 from lightning_rl.data.async_sampling import VALID
 from lightning_rl.data.envs import EnvSpec
 from lightning_rl.functional import masked_mean, ppo_surrogate_loss
+from lightning_rl.nn.encoders import Activation, EncoderSpec
 
 
 class APPO(IMPALA):
@@ -76,7 +77,7 @@ class APPO(IMPALA):
         vtrace_clip_rho_threshold: float | None = 1.0,
         vtrace_clip_pg_rho_threshold: float | None = 1.0,
         hiddens: Sequence[int] = (64, 64),
-        activation: str = "tanh",
+        activation: Activation = "tanh",
         vf_share_layers: bool = False,
         log_std_init: float = 0.0,
         clip_param: float = 0.4,
@@ -91,6 +92,7 @@ class APPO(IMPALA):
         policies: Sequence[str] | dict[str, dict[str, Any]] | None = None,
         policy_mapping_fn: PolicyMapping | None = None,
         policies_to_train: Sequence[str] | None = None,
+        encoder: EncoderSpec = None,
     ) -> None:
         super().__init__(
             env=env, num_workers=num_workers, num_envs=num_envs,
@@ -110,6 +112,7 @@ class APPO(IMPALA):
             lstm_cell_size=lstm_cell_size, max_seq_len=max_seq_len, lstm_use_prev_action=lstm_use_prev_action,
             lstm_use_prev_reward=lstm_use_prev_reward, policies=policies,
             policy_mapping_fn=policy_mapping_fn, policies_to_train=policies_to_train,
+            encoder=encoder,
         )
         self.save_hyperparameters()
         check_positive(clip_param=clip_param, target_network_update_freq=target_network_update_freq)

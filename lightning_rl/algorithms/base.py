@@ -46,6 +46,7 @@ from lightning_rl.distributed import FlatGradients, bypass_ddp_gradient_sync, ch
 from lightning_rl.evaluation import evaluate
 from lightning_rl.functional import piecewise_linear
 from lightning_rl.learner_info import LearnerInfoBuilder
+from lightning_rl.nn.encoders import activation_hparam, encoder_hparam
 from lightning_rl.nn.recurrent import EPISODE_STARTS, PREV_ACTIONS, PREV_REWARDS, STATE_IN, STATE_OUT
 from lightning_rl.process import ProcessSettings
 from lightning_rl.update import LossFn, UpdateStep, nonfinite_terms
@@ -251,11 +252,16 @@ class RLModule(pl.LightningModule):
         frame = frame if frame is not None else inspect.currentframe().f_back
         init_args = {k: v for k, v in frame.f_locals.items() if k not in ("self", "__class__")}
         ignore = [ignore] if isinstance(ignore, str) else list(ignore or [])
-        callables = {k: v for k, v in init_args.items() if callable(v) and k not in ignore}
-        super().save_hyperparameters(*args, ignore=ignore + list(callables), frame=frame, logger=logger)
-        for name, value in callables.items():
-            self._hparams[name] = callable_placeholder(value)
-            self._hparams_initial[name] = callable_placeholder(value)
+        # an importable encoder or activation class is kept as its import path: plain data that reloads
+        as_data = {k: f(init_args[k]) for k, f in (("encoder", encoder_hparam), ("activation", activation_hparam))
+                   if k in init_args and k not in ignore}
+        as_data = {k: v for k, v in as_data.items() if not callable(v)}
+        callables = {k: v for k, v in init_args.items() if callable(v) and k not in ignore and k not in as_data}
+        replaced = {**as_data, **{k: callable_placeholder(v) for k, v in callables.items()}}
+        super().save_hyperparameters(*args, ignore=ignore + list(replaced), frame=frame, logger=logger)
+        for name, value in replaced.items():
+            self._hparams[name] = value
+            self._hparams_initial[name] = copy.deepcopy(value)
 
     # ----------------------------------------------------------------- policies
     def check_spaces(self, observation_space: gym.Space, action_space: gym.Space) -> None:

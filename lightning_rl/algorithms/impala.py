@@ -22,6 +22,7 @@ from lightning_rl.data.async_sampling import BOOTSTRAP, BOOTSTRAP_OBS, VALID, As
 from lightning_rl.data.envs import EnvSpec
 from lightning_rl.functional import explained_variance, masked_mean, vtrace
 from lightning_rl.learner_info import LEARNER_STATS_KEY, LearnerInfoBuilder
+from lightning_rl.nn.encoders import Activation, EncoderSpec
 from lightning_rl.nn.models import ActorCritic
 from lightning_rl.nn.recurrent import EPISODE_STARTS, PREV_ACTIONS, PREV_REWARDS, STATE_IN, RecurrentActorCritic
 from lightning_rl.update import call, policy_loss
@@ -94,7 +95,7 @@ class IMPALA(RLModule):
         vtrace_clip_rho_threshold: float | None = 1.0,
         vtrace_clip_pg_rho_threshold: float | None = 1.0,
         hiddens: Sequence[int] = (64, 64),
-        activation: str = "tanh",
+        activation: Activation = "tanh",
         vf_share_layers: bool = False,
         log_std_init: float = 0.0,
         use_lstm: bool = False,
@@ -105,6 +106,7 @@ class IMPALA(RLModule):
         policies: Sequence[str] | dict[str, dict[str, Any]] | None = None,
         policy_mapping_fn: PolicyMapping | None = None,
         policies_to_train: Sequence[str] | None = None,
+        encoder: EncoderSpec = None,
     ) -> None:
         super().__init__(
             env=env, total_env_steps=total_env_steps, seed=seed, num_cpu_threads=num_cpu_threads,
@@ -142,7 +144,7 @@ class IMPALA(RLModule):
         self.vf_loss_coeff, self.entropy_coeff = vf_loss_coeff, entropy_coeff
         self.clip_rho, self.clip_pg_rho = vtrace_clip_rho_threshold, vtrace_clip_pg_rho_threshold
         defaults = dict(hiddens=hiddens, activation=activation, vf_share_layers=vf_share_layers,
-                        log_std_init=log_std_init)
+                        log_std_init=log_std_init, encoder=encoder)
         self.use_lstm, self.max_seq_len = use_lstm, max_seq_len
         if use_lstm:
             if self.multi_agent:

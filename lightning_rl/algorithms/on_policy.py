@@ -20,11 +20,12 @@ from lightning_rl.algorithms.base import (
 from lightning_rl.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
 from lightning_rl.data.envs import EnvSpec
 from lightning_rl.data.multi_agent import MultiAgentRolloutDataModule
-from lightning_rl.data.rollout import RolloutDataModule
+from lightning_rl.data.rollout import DISCOUNTED_RETURNS, RolloutDataModule
 from lightning_rl.distributed import all_reduce_max, sum_over_ranks
 from lightning_rl.functional import gae_batch, gae_sequences, moments, standardized
 from lightning_rl.learner_info import LEARNER_STATS_KEY, LearnerInfoBuilder
-from lightning_rl.nn.models import ActorCritic
+from lightning_rl.nn.encoders import Activation, EncoderSpec
+from lightning_rl.nn.models import ActorCritic, preprocess_obs
 from lightning_rl.nn.recurrent import EPISODE_STARTS, PREV_ACTIONS, PREV_REWARDS, STATE_IN, RecurrentActorCritic
 from lightning_rl.update import call, policy_loss
 
@@ -79,7 +80,7 @@ class OnPolicyModule(RLModule):
         grad_clip: float | None,
         standardize_fields: Sequence[str],
         hiddens: Sequence[int],
-        activation: str,
+        activation: Activation,
         vf_share_layers: bool,
         log_std_init: float,
         policies: Sequence[str] | dict[str, dict[str, Any]] | None = None,
@@ -91,6 +92,11 @@ class OnPolicyModule(RLModule):
         max_seq_len: int = 16,
         lstm_use_prev_action: bool = False,
         lstm_use_prev_reward: bool = False,
+        encoder: EncoderSpec = None,
+        normalize_observations: bool = False,
+        observation_clip: float | None = 10.0,
+        normalize_rewards: bool = False,
+        reward_clip: float | None = 10.0,
     ) -> None:
         super().__init__(
             env=env, total_env_steps=total_env_steps, seed=seed, num_cpu_threads=num_cpu_threads,
@@ -102,6 +108,9 @@ class OnPolicyModule(RLModule):
             raise ValueError(f"count_steps_by must be 'env_steps' or 'agent_steps', got {count_steps_by!r}")
         if count_steps_by == "agent_steps":
             self.budget_counter = "num_agent_steps_sampled"
+        if normalize_rewards and self.multi_agent:
+            raise ValueError("normalize_rewards with a multi-agent (PettingZoo) env is not supported yet "
+                             "(normalize_observations is)")
         if self.multi_agent:
             self.default_datamodule = MultiAgentRolloutDataModule(
                 self.env_spec, self.policy_mapping_fn, num_envs, rollout_fragment_length, seed, iterations_per_epoch,
@@ -110,7 +119,7 @@ class OnPolicyModule(RLModule):
         else:
             self.default_datamodule = RolloutDataModule(
                 self.env_spec, num_envs, rollout_fragment_length, vectorization, seed, iterations_per_epoch,
-                sampling_device, check_finite,
+                sampling_device, check_finite, return_discount=gamma if normalize_rewards else None,
             )
         check_positive(lr=lr, grad_clip=grad_clip, num_sgd_iter=num_sgd_iter, sgd_minibatch_size=sgd_minibatch_size)
         check_gamma(gamma)
@@ -131,7 +140,9 @@ class OnPolicyModule(RLModule):
         self.sgd_minibatch_size = sgd_minibatch_size
         self.num_minibatches = math.ceil(self.train_batch_size / sgd_minibatch_size)
         defaults = dict(hiddens=hiddens, activation=activation, vf_share_layers=vf_share_layers,
-                        log_std_init=log_std_init)
+                        log_std_init=log_std_init, encoder=encoder, normalize_observations=normalize_observations,
+                        observation_clip=observation_clip, normalize_rewards=normalize_rewards,
+                        reward_clip=reward_clip)
         self.max_seq_len = max_seq_len if use_lstm else None
         if use_lstm:
             self.check_recurrent_settings(max_seq_len, rollout_fragment_length)
@@ -173,6 +184,8 @@ class OnPolicyModule(RLModule):
         (``inputs``: its state etc. after the last step, for the bootstrap value)."""
         device = rollout[SampleBatch.OBS].device
         policy = self.sampling_policy(policy_id, device)
+        if policy.return_rms is not None:  # normalize_rewards: scaled by the std of the discounted return
+            rollout[SampleBatch.REWARDS] = policy.return_rms.scale_only(rollout[SampleBatch.REWARDS]).float()
         bootstrap = policy.value(last_obs.to(device), **{k: v.to(device) for k, v in inputs.items()})
         if self.max_seq_len is None:
             return SampleBatch(gae_batch(rollout, bootstrap, valid, self.gamma, self.lambda_))
@@ -263,10 +276,30 @@ class OnPolicyModule(RLModule):
             if rows == 0:
                 continue
             policy_batch = batch.policy_batches[policy_id] if count else self.placeholder_batch(policy_id)
+            returns = policy_batch.pop(DISCOUNTED_RETURNS, None)  # normalize_rewards' statistics only
+            obs_rms = self.policies[policy_id].obs_rms
+            first = obs_rms is not None and not obs_rms.count
+            if first:  # nothing to stay consistent with yet: the first batch's statistics apply at once
+                self.update_normalization(policy_id, policy_batch, returns)
             self.learn_on_policy_batch(policy_id, policy_batch, builder, rows, placeholder=not count)
+            if not first:
+                self.update_normalization(policy_id, policy_batch, returns)
             # a recurrent policy's sequences keep the reset steps, masked: they are not trained on
             trained += int(policy_batch[SampleBatch.MASK].sum()) if self.max_seq_len and count else count
         return trained
+
+    @torch.no_grad()
+    def update_normalization(self, policy_id: str, batch: SampleBatch, returns: Tensor | None) -> None:
+        """Merge the batch's observations (and discounted returns) into the policy's running
+        statistics, summed over DDP ranks. After the batch was learned on: the next rollout and
+        its update then read the same statistics, as the batch's log-probs assume."""
+        policy = self.policies[policy_id]
+        reduce = sum_over_ranks if self.trainer.world_size > 1 else None
+        mask = batch.get(SampleBatch.MASK)  # a recurrent batch's reset rows, a placeholder's one row
+        if policy.obs_rms is not None:
+            policy.obs_rms.update(preprocess_obs(batch[SampleBatch.OBS], policy.observation_space), mask, reduce)
+        if policy.return_rms is not None:
+            policy.return_rms.update(returns, mask, reduce)
 
     def placeholder_batch(self, policy_id: str) -> SampleBatch:
         """One all-zero row with a zero ``mask``: what a DDP rank without rows of a policy steps on."""

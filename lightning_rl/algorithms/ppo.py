@@ -13,6 +13,7 @@ from lightning_rl.algorithms.on_policy import OnPolicyModule
 from lightning_rl.batch import SampleBatch
 from lightning_rl.data.envs import EnvSpec
 from lightning_rl.functional import explained_variance, masked_mean, ppo_surrogate_loss, value_loss
+from lightning_rl.nn.encoders import Activation, EncoderSpec
 
 
 class PPO(OnPolicyModule):
@@ -60,7 +61,7 @@ class PPO(OnPolicyModule):
         grad_clip: float | None = 0.5,
         standardize_fields: Sequence[str] = ("advantages",),
         hiddens: Sequence[int] = (64, 64),
-        activation: str = "tanh",
+        activation: Activation = "tanh",
         vf_share_layers: bool = False,
         log_std_init: float = 0.0,
         clip_param: float = 0.2,
@@ -79,6 +80,11 @@ class PPO(OnPolicyModule):
         max_seq_len: int = 16,
         lstm_use_prev_action: bool = False,
         lstm_use_prev_reward: bool = False,
+        encoder: EncoderSpec = None,
+        normalize_observations: bool = False,
+        observation_clip: float | None = 10.0,
+        normalize_rewards: bool = False,
+        reward_clip: float | None = 10.0,
     ) -> None:
         super().__init__(
             env=env, num_envs=num_envs, rollout_fragment_length=rollout_fragment_length,
@@ -94,6 +100,8 @@ class PPO(OnPolicyModule):
             count_steps_by=count_steps_by, use_lstm=use_lstm, lstm_cell_size=lstm_cell_size,
             max_seq_len=max_seq_len, lstm_use_prev_action=lstm_use_prev_action,
             lstm_use_prev_reward=lstm_use_prev_reward,
+            encoder=encoder, normalize_observations=normalize_observations, observation_clip=observation_clip,
+            normalize_rewards=normalize_rewards, reward_clip=reward_clip,
         )
         self.save_hyperparameters()
         if clip_param <= 0 or (vf_clip_param is not None and vf_clip_param <= 0):

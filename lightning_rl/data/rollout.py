@@ -12,9 +12,12 @@ import torch
 from lightning_rl.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
 from lightning_rl.data.base import EnvDataModule, rank_seed
 from lightning_rl.data.envs import EnvSpec
+from lightning_rl.functional import discounted_returns
 from lightning_rl.nn.recurrent import EPISODE_STARTS, PREV_ACTIONS, PREV_REWARDS, STATE_IN, STATE_OUT
 
-__all__ = ["RolloutDataModule", "rank_seed"]
+__all__ = ["DISCOUNTED_RETURNS", "RolloutDataModule", "rank_seed"]
+
+DISCOUNTED_RETURNS = "discounted_returns"
 
 
 class RolloutDataModule(EnvDataModule):
@@ -24,6 +27,10 @@ class RolloutDataModule(EnvDataModule):
     post-processed by the algorithm (``module.postprocess_rollout``, e.g. GAE), with the
     reset steps of gymnasium's next-step autoreset dropped. ``batch.env_steps`` counts
     every env step taken (``num_envs * rollout_fragment_length``).
+
+    ``return_discount``: also record each env's running discounted return after every step
+    (``discounted_returns``, carried across fragments and checkpoints): what reward
+    normalization takes the std of.
     """
 
     def __init__(
@@ -36,11 +43,13 @@ class RolloutDataModule(EnvDataModule):
         iterations_per_epoch: int = 10,
         sampling_device: str = "cpu",
         check_finite: bool = True,
+        return_discount: float | None = None,
     ) -> None:
         super().__init__(env, num_envs, vectorization, seed, iterations_per_epoch, sampling_device, check_finite)
         if rollout_fragment_length < 1:
             raise ValueError(f"rollout_fragment_length must be >= 1, got {rollout_fragment_length}")
         self.rollout_fragment_length = rollout_fragment_length
+        self.return_discount = return_discount
 
     @property
     def train_batch_size(self) -> int:
@@ -54,6 +63,10 @@ class RolloutDataModule(EnvDataModule):
             rollout, valid = self.rollout_fragment(policy_id)
         # Outside inference mode: the batch's tensors become ordinary ones autograd may save.
         rollout = SampleBatch({k: v.clone() for k, v in rollout.items()})
+        if self.return_discount is not None:
+            dones = rollout[SampleBatch.TERMINATEDS] | rollout[SampleBatch.TRUNCATEDS]
+            rollout[DISCOUNTED_RETURNS], self._returns = discounted_returns(
+                rollout[SampleBatch.REWARDS], dones, valid, self._returns, self.return_discount)
         with torch.no_grad():
             batch = self.module.postprocess_rollout(policy_id, rollout, torch.tensor(self._obs), valid,
                                                     **self.recurrent_inputs())
@@ -135,14 +148,19 @@ class RolloutDataModule(EnvDataModule):
     def local_state(self) -> dict[str, Any]:
         state = super().local_state()
         state["recurrent"] = None if self._recurrent is None else dict(self._recurrent)
+        state["discounted_returns"] = self._returns.clone()
         return state
 
     def load_local_state(self, state: dict[str, Any]) -> None:
         if state.get("recurrent") is not None:
             self._recurrent = {k: v.clone() for k, v in state["recurrent"].items()}
+        if state.get("discounted_returns") is not None:
+            self._returns = state["discounted_returns"].clone()
 
     def on_envs_ready(self) -> None:
         self._recurrent: dict[str, torch.Tensor] | None = None
+        self._returns = torch.zeros(self.num_envs, dtype=torch.float64)
 
     def on_envs_reset(self) -> None:
         self._recurrent = None  # fresh episodes start from fresh states
+        self._returns = torch.zeros(self.num_envs, dtype=torch.float64)

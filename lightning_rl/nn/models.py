@@ -11,8 +11,10 @@ import torch
 from torch import Tensor, nn
 
 from lightning_rl.nn.distributions import Categorical, DiagGaussian, Distribution
+from lightning_rl.nn.encoders import ACTIVATIONS, Activation, EncoderSpec, build_encoder, resolve_activation
+from lightning_rl.nn.normalization import RunningMeanStd
 
-ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "silu": nn.SiLU}
+__all__ = ["ACTIVATIONS", "MLP", "ActorCritic", "flat_obs_dim", "mlp", "preprocess_obs"]
 
 
 class MLP(nn.Sequential):
@@ -37,13 +39,14 @@ class MLP(nn.Sequential):
         return x
 
 
-def mlp(in_dim: int, hiddens: Sequence[int], activation: str) -> MLP:
-    """Fully connected layers ``in_dim -> hiddens...``, each followed by ``activation``."""
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"unknown activation {activation!r}; choose one of {sorted(ACTIVATIONS)}")
-    layers: list[nn.Module] = []
+def mlp(in_dim: int, hiddens: Sequence[int], activation: Activation, first: Sequence[nn.Module] = ()) -> MLP:
+    """Fully connected layers ``in_dim -> hiddens...``, each followed by ``activation`` (a
+    name such as ``"gelu"``, an import path or an ``nn.Module`` class), after the ``first``
+    layers (a user's encoder)."""
+    act = resolve_activation(activation)
+    layers: list[nn.Module] = list(first)
     for size in hiddens:
-        layers += [nn.Linear(in_dim, size), ACTIVATIONS[activation]()]
+        layers += [nn.Linear(in_dim, size), act()]
         in_dim = size
     return MLP(*layers)
 
@@ -76,9 +79,16 @@ def preprocess_obs(obs: Tensor, space: gym.Space) -> Tensor:
 class ActorCritic(nn.Module):
     """Policy and value function; separate networks unless ``vf_share_layers``.
 
-    Discrete actions get a categorical distribution over logits; Box actions a diagonal
-    Gaussian with a state-independent learned log std (actions are clipped to the
-    bounds only when sent to the env, so log-probabilities stay exact).
+    Each trunk is ``encoder`` (a user's network, see ``nn/encoders.py``; none by default)
+    then the ``hiddens`` MLP. Discrete actions get a categorical distribution over logits;
+    Box actions a diagonal Gaussian with a state-independent learned log std (actions are
+    clipped to the bounds only when sent to the env, so log-probabilities stay exact).
+
+    ``normalize_observations``: the input is standardized by the running mean and std of the
+    observations the learner has trained on (``obs_rms``, updated by the algorithm, clipped
+    to ``+-observation_clip``); ``normalize_rewards``: ``return_rms`` keeps the std of the
+    discounted return the algorithm scales rewards by. Both are buffers of this module, so
+    checkpoints, ``predict`` and ``export_policy`` apply the same statistics.
     """
 
     def __init__(
@@ -86,14 +96,21 @@ class ActorCritic(nn.Module):
         observation_space: gym.Space,
         action_space: gym.Space,
         hiddens: Sequence[int] = (64, 64),
-        activation: str = "tanh",
+        activation: Activation = "tanh",
         vf_share_layers: bool = False,
         log_std_init: float = 0.0,
+        encoder: EncoderSpec = None,
+        normalize_observations: bool = False,
+        observation_clip: float | None = 10.0,
+        normalize_rewards: bool = False,
+        reward_clip: float | None = 10.0,
     ) -> None:
         super().__init__()
         self.observation_space = observation_space
         self.action_space = action_space
         in_dim = flat_obs_dim(observation_space)
+        self.obs_rms = RunningMeanStd(in_dim, observation_clip) if normalize_observations else None
+        self.return_rms = RunningMeanStd((), reward_clip) if normalize_rewards else None
         if isinstance(action_space, gym.spaces.Discrete):
             num_outputs = int(action_space.n)
             self.log_std = None
@@ -103,16 +120,35 @@ class ActorCritic(nn.Module):
         else:
             raise ValueError(f"unsupported action space {action_space}: use Discrete or 1-D Box actions")
         hiddens = list(hiddens)
-        out_dim = hiddens[-1] if hiddens else in_dim
-        self.pi_encoder = mlp(in_dim, hiddens, activation)
-        self.vf_encoder = None if vf_share_layers else mlp(in_dim, hiddens, activation)
+        self.pi_encoder = self._trunk(in_dim, hiddens, activation, encoder)
+        self.vf_encoder = None if vf_share_layers else self._trunk(in_dim, hiddens, activation, encoder)
+        out_dim = self.features_dim
         self.pi_head = nn.Linear(out_dim, num_outputs)
         self.vf_head = nn.Linear(out_dim, 1)
-        _init_linear(self.pi_encoder, math.sqrt(2))
+        # the user's encoder keeps its own initialization
+        _init_linear(self.pi_encoder[self._user_layers:], math.sqrt(2))
         if self.vf_encoder is not None:
-            _init_linear(self.vf_encoder, math.sqrt(2))
+            _init_linear(self.vf_encoder[self._user_layers:], math.sqrt(2))
         _init_linear(self.pi_head, 0.01)
         _init_linear(self.vf_head, 1.0)
+
+    def _trunk(self, in_dim: int, hiddens: list[int], activation: Activation, encoder: EncoderSpec) -> MLP:
+        """``encoder`` (reading observations in their own shape) then the MLP; sets ``features_dim``."""
+        first: list[nn.Module] = []
+        if encoder is not None:
+            shape = (in_dim,) if isinstance(self.observation_space, gym.spaces.Discrete) else tuple(
+                self.observation_space.shape)
+            user, in_dim = build_encoder(encoder, self.observation_space, shape)
+            first = [nn.Unflatten(1, shape), user] if len(shape) > 1 else [user]
+        self.features_dim = hiddens[-1] if hiddens else in_dim
+        self._user_layers = len(first)
+        return mlp(in_dim, hiddens, activation, first)
+
+    def encoder_input(self, obs: Tensor) -> Tensor:
+        """``[N, *obs_shape]`` observations -> ``[N, flat_obs_dim]`` floats, standardized when
+        ``normalize_observations``: what each trunk reads."""
+        x = preprocess_obs(obs, self.observation_space)
+        return x if self.obs_rms is None else self.obs_rms.normalize(x)
 
     def distribution(self, pi_out: Tensor) -> Distribution:
         if self.log_std is None:
@@ -121,13 +157,13 @@ class ActorCritic(nn.Module):
 
     def forward(self, obs: Tensor) -> tuple[Distribution, Tensor]:
         """``[N, *obs_shape]`` -> (action distribution over ``N`` rows, ``[N]`` values)."""
-        x = preprocess_obs(obs, self.observation_space)
+        x = self.encoder_input(obs)
         features = self.pi_encoder(x)
         vf_features = features if self.vf_encoder is None else self.vf_encoder(x)
         return self.distribution(self.pi_head(features)), self.vf_head(vf_features).squeeze(-1)
 
     def value(self, obs: Tensor) -> Tensor:
-        x = preprocess_obs(obs, self.observation_space)
+        x = self.encoder_input(obs)
         return self.vf_head((self.pi_encoder if self.vf_encoder is None else self.vf_encoder)(x)).squeeze(-1)
 
     def compute_actions(

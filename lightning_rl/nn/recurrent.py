@@ -16,7 +16,8 @@ import gymnasium as gym
 import torch
 from torch import Tensor, nn
 
-from lightning_rl.nn.models import ActorCritic, _init_linear, flat_obs_dim, preprocess_obs
+from lightning_rl.nn.encoders import Activation
+from lightning_rl.nn.models import ActorCritic, _init_linear
 
 __all__ = ["RecurrentActorCritic"]
 
@@ -35,23 +36,24 @@ class RecurrentActorCritic(ActorCritic):
         observation_space: gym.Space,
         action_space: gym.Space,
         hiddens: Sequence[int] = (64, 64),
-        activation: str = "tanh",
+        activation: Activation = "tanh",
         vf_share_layers: bool = False,
         log_std_init: float = 0.0,
         lstm_cell_size: int = 64,
         lstm_use_prev_action: bool = False,
         lstm_use_prev_reward: bool = False,
+        **kwargs: object,
     ) -> None:
         if lstm_cell_size < 1:
             raise ValueError(f"lstm_cell_size must be >= 1, got {lstm_cell_size}")
-        super().__init__(observation_space, action_space, hiddens, activation, vf_share_layers, log_std_init)
+        super().__init__(observation_space, action_space, hiddens, activation, vf_share_layers, log_std_init,
+                         **kwargs)
         self.use_prev_action, self.use_prev_reward = lstm_use_prev_action, lstm_use_prev_reward
         self.cell_size = lstm_cell_size
         self.action_dim = (int(action_space.n) if isinstance(action_space, gym.spaces.Discrete)
                            else int(action_space.shape[0]))
-        hiddens = list(hiddens)
         extra = (self.action_dim if lstm_use_prev_action else 0) + (1 if lstm_use_prev_reward else 0)
-        lstm_in = (hiddens[-1] if hiddens else flat_obs_dim(observation_space)) + extra
+        lstm_in = self.features_dim + extra
         self.pi_lstm = nn.LSTMCell(lstm_in, lstm_cell_size)
         self.vf_lstm = None if vf_share_layers else nn.LSTMCell(lstm_in, lstm_cell_size)
         num_outputs = self.pi_head.out_features
@@ -92,7 +94,7 @@ class RecurrentActorCritic(ActorCritic):
         """One time step for ``N`` envs: ``(pi features, vf features, next state)``; the state is
         zeroed first where ``episode_starts``."""
         n = obs.shape[0]
-        x = preprocess_obs(obs, self.observation_space)
+        x = self.encoder_input(obs)
         keep = (~episode_starts.reshape(n, 1).bool()).to(state.dtype)
         state = state * keep
         pi_x = self.pi_encoder(x)
