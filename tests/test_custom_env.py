@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import pytorch_lightning as pl
 import torch
 
 from lightning_rl import PPO, evaluate
@@ -95,6 +96,20 @@ def test_env_kwargs_reach_async_env_workers(probe_dir):
         assert obs.shape == (2, 5) and np.all(obs == 0.25)
     finally:
         close_vector_env(envs)
+
+
+def test_env_kwargs_reach_the_sampler_processes_of_impala(probe_dir):
+    from lightning_rl import IMPALA
+
+    class ObsSeen(pl.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            self.obs = batch.policy_batches[DEFAULT_POLICY_ID]["obs"]
+
+    seen = ObsSeen()
+    model = IMPALA(env=ENV, env_kwargs=KWARGS, num_workers=1, num_envs=2, rollout_fragment_length=8, seed=0,
+                   total_env_steps=None)
+    fit_iterations(model, 1, callbacks=[seen])
+    assert seen.obs.shape[-1] == 5 and torch.all(seen.obs == 0.25)  # made in the worker process
 
 
 def test_env_kwargs_reach_a_registered_vector_entry_point():
