@@ -132,6 +132,15 @@ def test_env_kwargs_of_a_callable_env(probe_dir):
     assert evaluate(model, num_episodes=1) == [1.5]
 
 
+def test_env_kwargs_of_a_multi_agent_env_factory_named_by_import_path():
+    pytest.importorskip("pettingzoo")
+    model = small_ppo(env="tests.multi_agent_envs.Relay", env_kwargs={"length": 3, "leave_at": 2, "join_at": 1},
+                      policies={"p_runner": {}, "p_helper": {}}, num_envs=1, rollout_fragment_length=6,
+                      sgd_minibatch_size=4, policy_mapping_fn={"runner": "p_runner", "helper": "p_helper"})
+    assert model.multi_agent
+    assert sample_once(model).info["episode_lengths"] == [3, 3]  # Relay's default length is 6
+
+
 def test_checkpoint_reloads_the_env_with_its_kwargs(probe_dir, tmp_path):
     model = small_ppo()
     trainer = fit_iterations(model, 1, default_root_dir=tmp_path)
