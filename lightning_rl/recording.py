@@ -197,7 +197,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--algo", default=None, help="algorithm class (PPO, A2C, DQN, SAC); default: inferred")
     parser.add_argument("--num-episodes", "--num_episodes", dest="num_episodes", type=int, default=3,
                         help="greedy episodes to play (default: 3)")
-    parser.add_argument("--env", default=None, help="registered env id to play on (default: the model's env)")
+    parser.add_argument("--env", default=None, help="registered env id to play on (default: the model's env; "
+                        "the model's env_kwargs still apply unless --env_kwargs is given)")
     parser.add_argument("--env_kwargs", "--env-kwargs", dest="env_kwargs", type=_kwargs, default=None,
                         help="env keyword arguments as YAML, e.g. '{size: 5}' (default: the model's env_kwargs)")
     parser.add_argument("--seed", type=int, default=None, help="seed of the first reset")

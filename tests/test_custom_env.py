@@ -141,13 +141,19 @@ def test_env_kwargs_of_a_multi_agent_env_factory_named_by_import_path():
     assert sample_once(model).info["episode_lengths"] == [3, 3]  # Relay's default length is 6
 
 
-def test_checkpoint_reloads_the_env_with_its_kwargs(probe_dir, tmp_path):
+def test_checkpoint_reloads_the_env_with_its_kwargs(probe_dir, tmp_path, capsys):
     model = small_ppo()
     trainer = fit_iterations(model, 1, default_root_dir=tmp_path)
     trainer.save_checkpoint(tmp_path / "probe.ckpt")
     loaded = PPO.load_from_checkpoint(tmp_path / "probe.ckpt", weights_only=True)
     assert loaded.env_spec == GymMake(ENV, KWARGS) and loaded.observation_space.shape == (5,)
     assert evaluate(loaded, num_episodes=1) == [0.75]
+    from lightning_rl.recording import main as record_main
+
+    gif = tmp_path / "other.gif"
+    assert record_main(["--ckpt_path", str(tmp_path / "probe.ckpt"), "--out", str(gif), "--num-episodes", "1",
+                        "--env_kwargs", "{size: 5, fill: 0.5}"]) == 0
+    assert "episode returns: 1.5" in capsys.readouterr().out and gif.is_file()  # played with the new kwargs
 
 
 def test_resume_with_env_kwargs_matches_an_uninterrupted_run(probe_dir, tmp_path):
