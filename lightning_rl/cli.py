@@ -25,6 +25,7 @@ from lightning_rl.checkpoint import (
     is_callable_placeholder,
     read_checkpoint,
 )
+from lightning_rl.data.envs import check_env
 
 TOOLS = ("plot", "record")
 
@@ -80,6 +81,18 @@ class RLCLI(LightningCLI):
         seeded = isinstance(seed, int) and not isinstance(seed, bool)
         if seeded and init_args is not None and init_args.get("seed") is None:
             init_args.seed = seed
+        self._check_env(init_args)
+
+    def _check_env(self, init_args: Any) -> None:
+        """A bad ``--model.env`` is reported as ours (naming the env and the import that
+        failed), not as jsonargparse's "does not validate against any of the Union subtypes"."""
+        env = init_args.get("env") if init_args is not None else None
+        if not isinstance(env, str):
+            return
+        try:
+            check_env(env, init_args.get("env_kwargs"))
+        except (ValueError, ImportError, TypeError) as err:
+            self.parser.error(str(err))
 
 
 def cli(args: list[str] | None = None, run: bool = True, **kwargs: Any) -> LightningCLI:

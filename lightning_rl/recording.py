@@ -23,7 +23,7 @@ import torch
 
 from lightning_rl.algorithms.base import RLModule
 from lightning_rl.checkpoint import algorithm_class, read_checkpoint, resolve_algorithm
-from lightning_rl.data.envs import EnvSpec
+from lightning_rl.data.envs import EnvSpec, GymMake, check_env
 from lightning_rl.inference import Acting
 
 __all__ = ["load_model", "main", "make_render_env", "record"]
@@ -35,18 +35,17 @@ PathLikeStr = str | PathLike[str]
 def make_render_env(env: EnvSpec) -> gym.Env:
     """One env that renders ``rgb_array`` frames, from a registered id or a zero-argument callable.
 
-    An id is made with ``gymnasium.make(id, render_mode="rgb_array")``; a callable must
-    itself return an env whose ``render_mode`` is ``"rgb_array"`` (e.g. ``lambda:
-    gym.make("CartPole-v1", render_mode="rgb_array")``), else ``ValueError``.
+    An id (or a ``GymMake``: an id with ``env_kwargs``) is made with ``gymnasium.make(id,
+    **env_kwargs, render_mode="rgb_array")``; a callable must itself return an env whose
+    ``render_mode`` is ``"rgb_array"`` (e.g. ``lambda: gym.make("CartPole-v1",
+    render_mode="rgb_array")``), else ``ValueError``.
     """
-    if isinstance(env, str):
-        try:
-            gym.spec(env)
-        except gym.error.Error as err:
-            raise ValueError(f"unknown env id {env!r}: {err}") from None
+    if isinstance(env, str | GymMake):
+        make = GymMake(env) if isinstance(env, str) else env
+        check_env(make.env_id)
         with warnings.catch_warnings():  # gymnasium only warns on an unsupported render mode
             warnings.simplefilter("ignore")
-            made = gym.make(env, render_mode="rgb_array")
+            made = make(render_mode="rgb_array")
         modes = list(made.metadata.get("render_modes") or [])
         if "rgb_array" not in modes:
             made.close()
@@ -198,7 +197,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--algo", default=None, help="algorithm class (PPO, A2C, DQN, SAC); default: inferred")
     parser.add_argument("--num-episodes", "--num_episodes", dest="num_episodes", type=int, default=3,
                         help="greedy episodes to play (default: 3)")
-    parser.add_argument("--env", default=None, help="registered env id to play on (default: the model's env)")
+    parser.add_argument("--env", default=None, help="registered env id to play on (default: the model's env; "
+                        "the model's env_kwargs still apply unless --env_kwargs is given)")
+    parser.add_argument("--env_kwargs", "--env-kwargs", dest="env_kwargs", type=_kwargs, default=None,
+                        help="env keyword arguments as YAML, e.g. '{size: 5}' (default: the model's env_kwargs)")
     parser.add_argument("--seed", type=int, default=None, help="seed of the first reset")
     parser.add_argument("--fps", type=float, default=30, help="GIF frames per second (default: 30)")
     parser.add_argument("--max-frames", "--max_frames", dest="max_frames", type=int, default=2000,
@@ -206,11 +208,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
+def _kwargs(text: str) -> dict[str, Any]:
+    """``--env_kwargs '{size: 5}'``: a YAML (or JSON) mapping."""
+    import yaml
+
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise argparse.ArgumentTypeError(f"not YAML: {err}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a mapping such as '{{size: 5}}', got {text!r}")
+    return value
+
+
 def run_from_args(args: argparse.Namespace) -> int:
     """Run the parsed ``record`` arguments; prints where the GIF was written. Returns an exit code."""
     try:
-        model = load_model(args.ckpt_path, algo=args.algo, **({"env": args.env} if args.env else {}))
-        returns = record(model, args.out, num_episodes=args.num_episodes, env=args.env, seed=args.seed,
+        overrides = {k: v for k, v in (("env", args.env), ("env_kwargs", args.env_kwargs)) if v is not None}
+        model = load_model(args.ckpt_path, algo=args.algo, **overrides)
+        # the model's own env: the checkpoint's env and env_kwargs, or the overrides
+        returns = record(model, args.out, num_episodes=args.num_episodes, seed=args.seed,
                          fps=args.fps, max_frames=args.max_frames)
     except (FileNotFoundError, ValueError, TypeError, ImportError, gym.error.Error) as err:
         # gym.error.DependencyNotInstalled: e.g. pygame, which classic-control envs render with

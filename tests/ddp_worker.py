@@ -3,7 +3,8 @@
     python tests/ddp_worker.py OUT_DIR MODE
 
 MODE ``check``: a few iterations of PPO CartPole (with an adaptive KL coefficient);
-``learn``: the 100k-step learning run; ``uneven``: an env whose episodes end on rank 0 only;
+``learn``: the 100k-step learning run; ``uneven``: an env whose episodes end on rank 0 only
+(its settings given as env_kwargs);
 ``dqn``, ``dqn_uneven`` (the configuration where "enough data" used to differ between ranks),
 ``sac``, ``a2c``, ``impala``, ``appo``, ``apex``: the other algorithms (the async ones with a
 sampler worker per rank); ``resume-ALGO-PHASE`` (ALGO ``ppo``/``dqn``/``apex``, PHASE
@@ -40,10 +41,14 @@ def affinity() -> list[int]:
 
 
 class RankEnv(gym.Env):
-    """Episodes of 3 steps when seeded for rank 0, never-ending (no episode) on rank 1."""
+    """Episodes of 3 steps when seeded for rank 0, never-ending (no episode) on rank 1; observation
+    ``step_size * t``, reward ``reward`` (given as env_kwargs by ``uneven``, so both ranks show them)."""
 
     observation_space = gym.spaces.Box(-1.0, 1.0, (2,), dtype=np.float32)
     action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, step_size: float = 0.1, reward: float = 1.0):
+        self.step_size, self.reward = step_size, reward
 
     def reset(self, *, seed=None, options=None):
         if seed is not None:
@@ -54,7 +59,7 @@ class RankEnv(gym.Env):
     def step(self, action):
         self.t += 1
         done = self.limit is not None and self.t >= self.limit
-        return np.full(2, 0.1 * self.t, dtype=np.float32), 1.0, done, False, {}
+        return np.full(2, self.step_size * self.t, dtype=np.float32), self.reward, done, False, {}
 
 
 class Recorder(pl.Callback):
@@ -162,7 +167,8 @@ def main(out: Path, mode: str) -> None:
                     rollout_fragment_length=16, sgd_minibatch_size=16, num_sgd_iter=2, total_env_steps=2 * 32 * 4,
                     **common)
     elif mode == "uneven":
-        model = PPO(env=RankEnv, num_envs=2, rollout_fragment_length=8, sgd_minibatch_size=8,
+        model = PPO(env=RankEnv, env_kwargs={"step_size": 0.2, "reward": 2.0},
+                    num_envs=2, rollout_fragment_length=8, sgd_minibatch_size=8,
                     total_env_steps=4 * 32, vectorization="sync", **common)
     elif mode.startswith("resume-"):
         _, algo, phase = mode.split("-")

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import gymnasium as gym
+import numpy as np
 import pytest
 
 from lightning_rl import A2C, PPO, RolloutDataModule
-from tests.conftest import quiet_trainer
+from lightning_rl.data.envs import close_vector_env, make_vector_env, reset_vector_env, step_vector_env
+from tests.conftest import quiet_trainer, sample_once
 
 
 def test_unknown_env_id_is_named():
@@ -94,3 +98,85 @@ def test_datamodule_with_other_env_is_rejected_before_training():
     with pytest.raises(ValueError, match="module was built for"):
         quiet_trainer(max_steps=1).fit(model, datamodule=dm)
     assert model.counters["num_iterations"] == 0
+
+
+# ----------------------------------------------------------------------------- observations that do not fit the space
+class BadObsEnv(gym.Env):
+    """Declares a float32 Box (4,); returns ``obs`` at reset and at each step (``step_obs``)."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (4,), dtype=np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, obs=None, step_obs=None):
+        self.obs = np.zeros(4, dtype=np.float32) if obs is None else obs
+        self.step_obs = self.obs if step_obs is None else step_obs
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self.obs, {}
+
+    def step(self, action):
+        return self.step_obs, 0.0, False, False, {}
+
+
+class FloatForIntEnv(BadObsEnv):
+    observation_space = gym.spaces.Box(0, 9, (4,), dtype=np.int64)
+
+
+WRONG_SHAPE = np.zeros(3, dtype=np.float32)
+SPACE = r"observation_space is Box\(-1\.0, 1\.0, \(4,\), float32\) \(shape \(4,\), dtype float32\)"
+
+
+def test_wrong_observation_shape_at_reset_names_env_space_and_what_it_returned():
+    model = PPO(env=partial(BadObsEnv, WRONG_SHAPE), num_envs=2, rollout_fragment_length=4,
+                sgd_minibatch_size=8, total_env_steps=None)
+    with pytest.raises(ValueError, match=rf"env 0 of 2 \(functools\.partial\(<class '.*BadObsEnv'>.*\)\) returned an "
+                                         rf"observation of shape \(3,\) and dtype float32 at reset, but its {SPACE}"):
+        sample_once(model)
+
+
+def test_wrong_observation_shape_at_a_step_is_named():
+    envs = make_vector_env(partial(BadObsEnv, step_obs=WRONG_SHAPE), 2, "sync")
+    try:
+        reset_vector_env(envs, seed=0)
+        with pytest.raises(ValueError, match=rf"returned an observation of shape \(3,\) and dtype float32 at a step, "
+                                             rf"but its {SPACE}") as info:
+            step_vector_env(envs, np.zeros(2, dtype=np.int64))
+        assert isinstance(info.value.__cause__, ValueError)  # numpy's own error stays as the cause
+    finally:
+        close_vector_env(envs)
+
+
+def test_float_observation_for_an_integer_space_is_an_error():
+    envs = make_vector_env(partial(FloatForIntEnv, np.full(4, 1.5)), 1, "sync")
+    try:
+        with pytest.raises(ValueError, match=r"returned an observation of shape \(4,\) and dtype float64 at reset, "
+                                             r"but its observation_space is Box\(0, 9, \(4,\), int64\)"):
+            reset_vector_env(envs)
+    finally:
+        close_vector_env(envs)
+
+
+def test_async_worker_reports_a_bad_observation_it_would_write_silently():
+    # Shared memory takes a float for an int space (truncating it) and any array of the right size.
+    for env, returned in [(partial(FloatForIntEnv, np.full(4, 1.5)), r"shape \(4,\) and dtype float64"),
+                          (partial(BadObsEnv, np.zeros((2, 2), np.float32)), r"shape \(2, 2\) and dtype float32")]:
+        envs = make_vector_env(env, 2, "async")
+        try:
+            with pytest.raises(RuntimeError, match=rf"(?s)env 0 \(worker pid \d+\).* raised ValueError: env "
+                                                   rf"functools.partial.* returned an observation of {returned} at "
+                                                   "reset, but its observation_space is Box"):
+                reset_vector_env(envs)
+        finally:
+            close_vector_env(envs, terminate=True)
+
+
+@pytest.mark.parametrize("vectorization", ["sync", "async"])
+def test_float64_observation_for_a_float32_space_is_cast(vectorization):
+    envs = make_vector_env(partial(BadObsEnv, np.full(4, 0.5)), 2, vectorization)
+    try:
+        obs, _ = reset_vector_env(envs, seed=0)
+        obs, *_ = step_vector_env(envs, np.zeros(2, dtype=np.int64))
+        assert obs.dtype == np.float32 and np.all(obs == 0.5)
+    finally:
+        close_vector_env(envs)

@@ -85,3 +85,19 @@ def test_help_lists_the_tools(tmp_path):
     out = subprocess.run([sys.executable, "-m", "lightning_rl.cli", "--help"], cwd=tmp_path, capture_output=True,
                          text=True, timeout=120)
     assert "lightning-rl plot" in out.stdout and "lightning-rl record" in out.stdout
+
+
+@pytest.mark.parametrize(("env", "message"), [
+    ("no_such_envmod:Foo-v0", "env 'no_such_envmod:Foo-v0': importing no_such_envmod failed: "
+                              "No module named 'no_such_envmod'"),
+    ("NoSuchEnv-v9", "unknown env id 'NoSuchEnv-v9'"),
+])
+def test_a_bad_env_is_named_not_reported_as_a_union_mismatch(env, message, capsys, tmp_path, monkeypatch):
+    from lightning_rl.cli import main
+
+    monkeypatch.chdir(tmp_path)  # in-process: a parse error, before anything is built or written
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--model", "PPO", "--model.env", env, "--model.env_kwargs", "{size: 5}"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert message in err and "Union" not in err

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -99,7 +100,9 @@ def test_learner_info_logged_once_with_reduced_values(check_run):
 def test_episodes_on_one_rank_only_neither_hang_nor_log_nan(tmp_path):
     r0, r1, rows = run_ddp(tmp_path, "uneven", timeout=300)
     returns = [float(r["rollout/episode_return_mean"]) for r in rows if r.get("rollout/episode_return_mean")]
-    assert returns and all(v == 3.0 for v in returns)  # rank 0's 3-step episodes; rank 1 has none
+    assert returns and all(v == 6.0 for v in returns)  # rank 0's 3-step episodes of reward 2 (env_kwargs)
+    # rank 1's never-ending episodes: 32 steps of step_size 0.2 (env_kwargs), so its envs got them too
+    assert np.allclose(r0["last_obs_all"][1], 0.2 * 32)
     for row in rows:
         assert not any(v.lower() == "nan" for v in row.values()), row
     assert r0["params"] == r1["params"]

@@ -52,6 +52,7 @@ class A3C(RLModule):
     def __init__(
         self,
         env: EnvSpec = "CartPole-v1",
+        env_kwargs: dict[str, Any] | None = None,
         num_workers: int = 2,
         num_envs: int = 8,
         rollout_fragment_length: int = 5,
@@ -80,7 +81,7 @@ class A3C(RLModule):
         log_std_init: float = 0.0,
     ) -> None:
         super().__init__(
-            env=env, total_env_steps=total_env_steps, seed=seed, num_cpu_threads=num_cpu_threads,
+            env=env, env_kwargs=env_kwargs, total_env_steps=total_env_steps, seed=seed, num_cpu_threads=num_cpu_threads,
             cpu_affinity=cpu_affinity, evaluation_interval=evaluation_interval,
             evaluation_num_episodes=evaluation_num_episodes,
         )

@@ -46,6 +46,7 @@ class APEX(DQN):
     def __init__(
         self,
         env: EnvSpec = "CartPole-v1",
+        env_kwargs: dict[str, Any] | None = None,
         num_workers: int = 2,
         num_envs: int = 4,
         rollout_fragment_length: int = 16,
@@ -87,7 +88,8 @@ class APEX(DQN):
         checkpoint_replay_buffer: bool = True,
     ) -> None:
         super().__init__(
-            env=env, num_envs=num_envs, total_env_steps=total_env_steps, iterations_per_epoch=iterations_per_epoch,
+            env=env, env_kwargs=env_kwargs,
+            num_envs=num_envs, total_env_steps=total_env_steps, iterations_per_epoch=iterations_per_epoch,
             seed=seed, vectorization=vectorization, num_cpu_threads=num_cpu_threads, cpu_affinity=cpu_affinity,
             evaluation_interval=evaluation_interval, evaluation_num_episodes=evaluation_num_episodes,
             check_finite=check_finite, compile=compile, lr=lr, lr_schedule=lr_schedule, gamma=gamma,

@@ -45,6 +45,7 @@ class APPO(IMPALA):
     def __init__(
         self,
         env: EnvSpec = "CartPole-v1",
+        env_kwargs: dict[str, Any] | None = None,
         num_workers: int = 2,
         num_envs: int = 4,
         rollout_fragment_length: int = 50,
@@ -95,7 +96,7 @@ class APPO(IMPALA):
         encoder: EncoderSpec = None,
     ) -> None:
         super().__init__(
-            env=env, num_workers=num_workers, num_envs=num_envs,
+            env=env, env_kwargs=env_kwargs, num_workers=num_workers, num_envs=num_envs,
             rollout_fragment_length=rollout_fragment_length, train_batch_size=train_batch_size,
             learner_queue_size=learner_queue_size, broadcast_interval=broadcast_interval,
             max_policy_lag=max_policy_lag, sampler_timeout_s=sampler_timeout_s,

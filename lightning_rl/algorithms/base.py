@@ -40,7 +40,7 @@ from lightning_rl.checkpoint import (
     unpack_rank_state,
 )
 from lightning_rl.data.base import EnvDataModule, new_generator, rank_seed
-from lightning_rl.data.envs import EnvSpec, env_spaces, resolve_env
+from lightning_rl.data.envs import EnvSpec, env_spaces, env_spec
 from lightning_rl.data.multi_agent import agent_spaces, is_multi_agent_env, policy_spaces
 from lightning_rl.distributed import FlatGradients, bypass_ddp_gradient_sync, check_strategy, sum_over_ranks
 from lightning_rl.evaluation import evaluate
@@ -145,7 +145,11 @@ class RLModule(pl.LightningModule):
 
     Args:
         env: a registered gymnasium id or any callable returning a ``gymnasium.Env``
-            (lambda, closure, class, ``functools.partial``).
+            (lambda, closure, class, ``functools.partial``). ``"module:Env-v0"`` imports
+            ``module`` first (the env's registration), as ``gymnasium.make`` does.
+        env_kwargs: keyword arguments for ``gymnasium.make(env, ...)`` or the env factory,
+            passed wherever envs are made (training, evaluation, recording); plain data, so a
+            checkpoint keeps them and reloads the same env.
         total_env_steps: stop ``fit`` once this many env steps were sampled (summed over
             DDP ranks; agents' steps where the algorithm counts steps by agent steps);
             ``None`` leaves stopping to the Trainer's limits.
@@ -170,6 +174,7 @@ class RLModule(pl.LightningModule):
         self,
         *,
         env: EnvSpec,
+        env_kwargs: dict[str, Any] | None = None,
         total_env_steps: int | None,
         seed: int | None,
         num_cpu_threads: int | None,
@@ -184,7 +189,8 @@ class RLModule(pl.LightningModule):
         super().__init__()
         self.automatic_optimization = False
         check_not_placeholder("env", env)
-        env = resolve_env(env)
+        # One picklable spec from here on: hparams keep the plain env and env_kwargs.
+        env = env_spec(env, env_kwargs)
         check_not_placeholder("policy_mapping_fn", policy_mapping_fn)
         if isinstance(policy_mapping_fn, dict):  # plain data: a checkpoint keeps it and reloads it
             policy_mapping_fn = MappingTable(policy_mapping_fn)

@@ -63,6 +63,7 @@ class IMPALA(RLModule):
     def __init__(
         self,
         env: EnvSpec = "CartPole-v1",
+        env_kwargs: dict[str, Any] | None = None,
         num_workers: int = 2,
         num_envs: int = 4,
         rollout_fragment_length: int = 50,
@@ -109,7 +110,7 @@ class IMPALA(RLModule):
         encoder: EncoderSpec = None,
     ) -> None:
         super().__init__(
-            env=env, total_env_steps=total_env_steps, seed=seed, num_cpu_threads=num_cpu_threads,
+            env=env, env_kwargs=env_kwargs, total_env_steps=total_env_steps, seed=seed, num_cpu_threads=num_cpu_threads,
             cpu_affinity=cpu_affinity, evaluation_interval=evaluation_interval,
             evaluation_num_episodes=evaluation_num_episodes, compile=compile, policies=policies,
             policy_mapping_fn=policy_mapping_fn, policies_to_train=policies_to_train,

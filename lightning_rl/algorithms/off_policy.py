@@ -43,6 +43,7 @@ class OffPolicyModule(RLModule):
         self,
         *,
         env: EnvSpec,
+        env_kwargs: dict[str, Any] | None = None,
         num_envs: int,
         total_env_steps: int | None,
         iterations_per_epoch: int,
@@ -77,7 +78,7 @@ class OffPolicyModule(RLModule):
         policies_to_train: Sequence[str] | None = None,
     ) -> None:
         super().__init__(
-            env=env, total_env_steps=total_env_steps, seed=seed, num_cpu_threads=num_cpu_threads,
+            env=env, env_kwargs=env_kwargs, total_env_steps=total_env_steps, seed=seed, num_cpu_threads=num_cpu_threads,
             cpu_affinity=cpu_affinity, evaluation_interval=evaluation_interval,
             evaluation_num_episodes=evaluation_num_episodes, compile=compile, policies=policies,
             policy_mapping_fn=policy_mapping_fn, policies_to_train=policies_to_train,

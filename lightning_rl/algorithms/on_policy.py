@@ -58,6 +58,7 @@ class OnPolicyModule(RLModule):
         self,
         *,
         env: EnvSpec,
+        env_kwargs: dict[str, Any] | None = None,
         num_envs: int,
         rollout_fragment_length: int,
         total_env_steps: int | None,
@@ -99,7 +100,7 @@ class OnPolicyModule(RLModule):
         reward_clip: float | None = 10.0,
     ) -> None:
         super().__init__(
-            env=env, total_env_steps=total_env_steps, seed=seed, num_cpu_threads=num_cpu_threads,
+            env=env, env_kwargs=env_kwargs, total_env_steps=total_env_steps, seed=seed, num_cpu_threads=num_cpu_threads,
             cpu_affinity=cpu_affinity, evaluation_interval=evaluation_interval,
             evaluation_num_episodes=evaluation_num_episodes, compile=compile, policies=policies,
             policy_mapping_fn=policy_mapping_fn, policies_to_train=policies_to_train,

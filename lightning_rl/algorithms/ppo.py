@@ -39,6 +39,7 @@ class PPO(OnPolicyModule):
     def __init__(
         self,
         env: EnvSpec = "CartPole-v1",
+        env_kwargs: dict[str, Any] | None = None,
         num_envs: int = 8,
         rollout_fragment_length: int = 32,
         total_env_steps: int | None = 100_000,
@@ -87,7 +88,7 @@ class PPO(OnPolicyModule):
         reward_clip: float | None = 10.0,
     ) -> None:
         super().__init__(
-            env=env, num_envs=num_envs, rollout_fragment_length=rollout_fragment_length,
+            env=env, env_kwargs=env_kwargs, num_envs=num_envs, rollout_fragment_length=rollout_fragment_length,
             total_env_steps=total_env_steps, iterations_per_epoch=iterations_per_epoch, seed=seed,
             vectorization=vectorization, sampling_device=sampling_device, num_cpu_threads=num_cpu_threads,
             cpu_affinity=cpu_affinity, evaluation_interval=evaluation_interval,

@@ -46,6 +46,7 @@ class SAC(OffPolicyModule):
     def __init__(
         self,
         env: EnvSpec = "Pendulum-v1",
+        env_kwargs: dict[str, Any] | None = None,
         num_envs: int = 1,
         total_env_steps: int | None = 20_000,
         iterations_per_epoch: int = 1000,
@@ -81,7 +82,8 @@ class SAC(OffPolicyModule):
         checkpoint_replay_buffer: bool = True,
     ) -> None:
         super().__init__(
-            env=env, num_envs=num_envs, total_env_steps=total_env_steps, iterations_per_epoch=iterations_per_epoch,
+            env=env, env_kwargs=env_kwargs,
+            num_envs=num_envs, total_env_steps=total_env_steps, iterations_per_epoch=iterations_per_epoch,
             seed=seed, vectorization=vectorization, sampling_device=sampling_device, num_cpu_threads=num_cpu_threads,
             cpu_affinity=cpu_affinity, evaluation_interval=evaluation_interval,
             evaluation_num_episodes=evaluation_num_episodes, check_finite=check_finite, compile=compile,

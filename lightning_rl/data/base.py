@@ -74,7 +74,8 @@ class EnvDataModule(pl.LightningDataModule):
     episodes that finished and the sampling time, for callbacks.
 
     Args:
-        env: a registered gymnasium id or any callable returning a ``gymnasium.Env``.
+        env: a registered gymnasium id or any callable returning a ``gymnasium.Env``
+            (``GymMake(id, kwargs)`` for an id with keyword arguments).
         num_envs: envs stepped in parallel (per process under DDP).
         vectorization: ``"auto"`` (the env's own batched version where it registers one,
             else ``"sync"``), ``"sync"``, ``"async"`` (one process per env) or

@@ -20,16 +20,84 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
-EnvSpec = str | Callable[[], gym.Env]
 Vectorization = Literal["auto", "sync", "async", "vector_entry_point"]
 VECTORIZATIONS = ("auto", "sync", "async", "vector_entry_point")
 
 
+class GymMake:
+    """``gymnasium.make(env_id, **kwargs)`` as a picklable zero-argument factory with a readable
+    repr: what a registered id with ``env_kwargs`` becomes, so every place that makes envs (and
+    every async worker) makes the same env. The vector-env code knows it is an id, so
+    ``vectorization="auto"`` still finds a registered ``vector_entry_point``."""
+
+    def __init__(self, env_id: str, kwargs: dict[str, Any] | None = None) -> None:
+        self.env_id = env_id
+        self.kwargs = dict(kwargs or {})
+
+    def __call__(self, **overrides: Any) -> gym.Env:
+        return gym.make(self.env_id, **{**self.kwargs, **overrides})
+
+    def __repr__(self) -> str:
+        return f"GymMake({self.env_id!r}, {self.kwargs!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, GymMake) and (self.env_id, self.kwargs) == (other.env_id, other.kwargs)
+
+    __hash__ = None  # type: ignore[assignment]  # kwargs are mutable
+
+
+EnvSpec = str | Callable[[], gym.Env]
+
+
+def env_id_of(env: Any) -> str | None:
+    """The registered id behind ``env`` (a string or a ``GymMake``), else ``None``."""
+    if isinstance(env, str):
+        return env
+    return env.env_id if isinstance(env, GymMake) else None
+
+
 def _check_id(env_id: str) -> gym.envs.registration.EnvSpec:
+    """The registry entry of ``env_id``; ``"module:Id-v0"`` imports ``module`` first (it
+    registers the env), as ``gymnasium.make`` does. Errors name the env and what failed."""
+    module, _, name = env_id.rpartition(":")
+    if module:
+        try:
+            importlib.import_module(module)
+        except Exception as err:  # ModuleNotFoundError, or the module's own error while importing
+            why = str(err) if isinstance(err, ImportError) else f"{type(err).__name__}: {err}"
+            raise ValueError(f"env {env_id!r}: importing {module} failed: {why}") from err
     try:
-        return gym.spec(env_id)
+        return gym.spec(name)
     except gym.error.Error as err:  # NameNotFound, VersionNotFound, ...
-        raise ValueError(f"unknown env id {env_id!r}: {err}") from None
+        where = f" (importing {module} did not register it)" if module else ""
+        raise ValueError(f"unknown env id {env_id!r}{where}: {err}") from None
+
+
+def env_spec(env: EnvSpec, env_kwargs: dict[str, Any] | None = None) -> EnvSpec:
+    """One env spec from ``env`` and its keyword arguments: an id with kwargs becomes a
+    ``GymMake``, a callable with kwargs a ``functools.partial``; without kwargs ``env`` is
+    returned as it is. A string naming a factory by import path is resolved first (see
+    ``resolve_env``)."""
+    env = resolve_env(env)
+    if env_kwargs is None:
+        return env
+    if not isinstance(env_kwargs, dict) or not all(isinstance(k, str) for k in env_kwargs):
+        raise TypeError(f"env_kwargs must be a dict with string keys, got {env_kwargs!r}")
+    if isinstance(env, str):
+        _check_id(env)
+        return GymMake(env, env_kwargs)
+    if callable(env):
+        return partial(env, **env_kwargs)
+    raise TypeError(f"env must be a registered env id or a callable returning a gymnasium.Env, got {env!r}")
+
+
+def check_env(env: EnvSpec, env_kwargs: dict[str, Any] | None = None) -> None:
+    """Raise ``ValueError``/``ImportError``/``TypeError`` naming the env if ``env`` cannot be
+    resolved: an unknown id, a module that does not import. Makes no env."""
+    spec = env_spec(env, env_kwargs)
+    env_id = env_id_of(spec)
+    if env_id is not None:
+        _check_id(env_id)
 
 
 def resolve_env(env: EnvSpec) -> EnvSpec:
@@ -54,10 +122,12 @@ def resolve_env(env: EnvSpec) -> EnvSpec:
 
 
 def make_env(env: EnvSpec) -> gym.Env:
-    """One env from a registered id or a zero-argument callable returning a ``gymnasium.Env``."""
-    if isinstance(env, str):
-        _check_id(env)
-        return gym.make(env)
+    """One env from a registered id (or a ``GymMake``) or a zero-argument callable returning a
+    ``gymnasium.Env``."""
+    env_id = env_id_of(env)
+    if env_id is not None:
+        _check_id(env_id)
+        return gym.make(env_id) if isinstance(env, str) else env()
     if callable(env):
         made = env()
         if not isinstance(made, gym.Env):
@@ -79,13 +149,12 @@ def resolve_vectorization(env: EnvSpec, vectorization: str) -> str:
     """``"auto"`` picks the env's own batched implementation when it registers one, else ``"sync"``."""
     if vectorization not in VECTORIZATIONS:
         raise ValueError(f"vectorization must be one of {VECTORIZATIONS}, got {vectorization!r}")
+    env_id = env_id_of(env)
     if vectorization != "auto":
-        if vectorization == "vector_entry_point" and (
-            not isinstance(env, str) or _check_id(env).vector_entry_point is None
-        ):
+        if vectorization == "vector_entry_point" and (env_id is None or _check_id(env_id).vector_entry_point is None):
             raise ValueError(f"env {env!r} registers no vector_entry_point")
         return vectorization
-    if isinstance(env, str) and _check_id(env).vector_entry_point is not None:
+    if env_id is not None and _check_id(env_id).vector_entry_point is not None:
         return "vector_entry_point"
     return "sync"
 
@@ -99,21 +168,23 @@ def make_vector_env(env: EnvSpec, num_envs: int, vectorization: str = "auto") ->
     if num_envs < 1:
         raise ValueError(f"num_envs must be >= 1, got {num_envs}")
     mode = resolve_vectorization(env, vectorization)
+    env_id = env_id_of(env)
+    if env_id is not None:
+        _check_id(env_id)  # imports the module of a "module:Id-v0" id
     if mode == "vector_entry_point":
-        venv = gym.make_vec(env, num_envs=num_envs, vectorization_mode="vector_entry_point")
+        kwargs = env.kwargs if isinstance(env, GymMake) else {}
+        venv = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="vector_entry_point", **kwargs)
     else:
         # functools.partial, not a lambda: the vector env stays picklable for checkpoints.
         make_one: Callable[[], gym.Env] = partial(gym.make, env) if isinstance(env, str) else env
-        if isinstance(env, str):
-            _check_id(env)
         if mode == "sync":
             venv = gym.vector.SyncVectorEnv([make_one] * num_envs, autoreset_mode=AutoresetMode.NEXT_STEP)
         else:
-            worker_env = _WorkerEnvFactory(make_one, os.getpid())
+            worker_env = _WorkerEnvFactory(make_one, os.getpid(), repr(env))
             venv = gym.vector.AsyncVectorEnv([worker_env] * num_envs, autoreset_mode=AutoresetMode.NEXT_STEP)
     if venv.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP) != AutoresetMode.NEXT_STEP:
         raise ValueError(f"{env!r}: lightning_rl needs next-step autoreset, got {venv.metadata['autoreset_mode']}")
-    return EpisodeStatistics(venv, buffer_length=100_000)
+    return EpisodeStatistics(venv, buffer_length=100_000, env_name=repr(env))
 
 
 class EpisodeStatistics(gym.vector.VectorWrapper):
@@ -121,11 +192,12 @@ class EpisodeStatistics(gym.vector.VectorWrapper):
     ``vector.RecordEpisodeStatistics`` keeps them (same attributes: ``episode_count``,
     ``return_queue``, ``length_queue``; returns summed in float64) in a few numpy operations
     per step. At 8 CartPoles gymnasium's wrapper cost half as much as the envs' own step,
-    paid at every env step. It adds nothing to ``info``.
+    paid at every env step. It adds nothing to ``info``. ``env_name`` names the env in errors.
     """
 
-    def __init__(self, env: gym.vector.VectorEnv, buffer_length: int = 100) -> None:
+    def __init__(self, env: gym.vector.VectorEnv, buffer_length: int = 100, env_name: str | None = None) -> None:
         super().__init__(env)
+        self.env_name = env_name
         self.episode_count = 0
         self.episode_returns = np.zeros(self.num_envs)
         self.episode_lengths = np.zeros(self.num_envs, dtype=np.int64)
@@ -193,9 +265,10 @@ class _WorkerEnvFactory:
     workers. In the training process itself (gymnasium's probe env) nothing changes.
     """
 
-    def __init__(self, make_one: Callable[[], gym.Env], parent_pid: int) -> None:
+    def __init__(self, make_one: Callable[[], gym.Env], parent_pid: int, env_name: str | None = None) -> None:
         self.make_one = make_one
         self.parent_pid = parent_pid
+        self.env_name = env_name
 
     def __call__(self) -> gym.Env:
         if os.getpid() == self.parent_pid:
@@ -203,11 +276,13 @@ class _WorkerEnvFactory:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         env = self.make_one()
-        return _ReportErrors(env) if isinstance(env, gym.Env) else env
+        return _ReportErrors(env, self.env_name) if isinstance(env, gym.Env) else env
 
 
 class _ReportErrors(gym.Wrapper):
-    """Lets an exception from ``step``/``reset`` reach the training process intact.
+    """Lets an exception from ``step``/``reset`` reach the training process intact, and checks
+    the observations of every reset and of the first step against the observation space
+    (the worker writes them into shared memory, which would cast or reshape them silently).
 
     gymnasium ships the exception through a pickling queue and re-raises
     ``type(err)(err)`` in the parent: the traceback is lost, an exception that cannot make
@@ -216,15 +291,26 @@ class _ReportErrors(gym.Wrapper):
     ``RuntimeError`` with the same text.
     """
 
+    def __init__(self, env: gym.Env, env_name: str | None = None) -> None:
+        super().__init__(env)
+        self.env_name = env_name
+        self._stepped = False
+
     def step(self, action: Any) -> Any:
         try:
-            return self.env.step(action)
+            out = self.env.step(action)
+            if not self._stepped:
+                self._stepped = True
+                check_observation(self.env_name or repr(self.env), self.observation_space, out[0], "at its first step")
+            return out
         except Exception as err:
             raise _travelling(err) from None
 
     def reset(self, **kwargs: Any) -> Any:
         try:
-            return self.env.reset(**kwargs)
+            out = self.env.reset(**kwargs)
+            check_observation(self.env_name or repr(self.env), self.observation_space, out[0], "at reset")
+            return out
         except Exception as err:
             raise _travelling(err) from None
 
@@ -258,6 +344,82 @@ def describe_exit_code(code: int) -> str:
     return f"exit code {code} (killed by {name})"
 
 
+# ----------------------------------------------------------------------------- bad observations
+def observation_problem(space: gym.Space, obs: Any) -> str | None:
+    """What makes ``obs`` unfit for ``space``, as ``"shape (3,) and dtype float64"``, or None.
+
+    The shape must be the space's. The dtype must cast to the space's without changing kind
+    (numpy's ``same_kind``): float64 for a float32 ``Box`` is cast like gymnasium's vector
+    envs cast it, but a float for an integer space (``Discrete``, an int ``Box``) is an error,
+    since casting would truncate. ``Dict`` and ``Tuple`` spaces are checked item by item;
+    other spaces are not checked.
+    """
+    if isinstance(space, gym.spaces.Dict):
+        if not isinstance(obs, dict):
+            return f"a {type(obs).__name__}, not a dict"
+        for key, sub in space.spaces.items():
+            problem = observation_problem(sub, obs[key]) if key in obs else "missing"
+            if problem:
+                return f"[{key!r}] {problem}"
+        return None
+    if isinstance(space, gym.spaces.Tuple):
+        if not isinstance(obs, tuple | list) or len(obs) != len(space.spaces):
+            return f"a {type(obs).__name__} of {len(obs) if hasattr(obs, '__len__') else '?'} items"
+        for i, (sub, item) in enumerate(zip(space.spaces, obs, strict=True)):
+            problem = observation_problem(sub, item)
+            if problem:
+                return f"[{i}] {problem}"
+        return None
+    if not isinstance(space, gym.spaces.Box | gym.spaces.Discrete | gym.spaces.MultiDiscrete | gym.spaces.MultiBinary):
+        return None
+    try:
+        array = np.asarray(obs)
+    except Exception:  # ragged nested lists and the like
+        return f"a {type(obs).__name__} that is no array"
+    if array.shape != space.shape or not np.can_cast(array.dtype, space.dtype, "same_kind"):
+        return f"shape {array.shape} and dtype {array.dtype}"
+    return None
+
+
+def check_observation(env_name: str, space: gym.Space, obs: Any, when: str) -> None:
+    """Raise ``ValueError`` naming the env, the space and what it returned if ``obs`` does not fit ``space``."""
+    problem = observation_problem(space, obs)
+    if problem is not None:
+        raise ValueError(_bad_observation(env_name, space, problem, when))
+
+
+def _bad_observation(env_name: str, space: gym.Space, problem: str, when: str) -> str:
+    dtype = getattr(space, "dtype", None)
+    return (
+        f"env {env_name} returned an observation of {problem} {when}, but its observation_space is {space}"
+        + (f" (shape {space.shape}, dtype {dtype})" if dtype is not None else "")
+        + ". The shape must match, and the dtype must cast to the space's without changing kind "
+        "(float64 for float32 is fine; a float for an integer space is not)"
+    )
+
+
+def _env_name(envs: gym.vector.VectorEnv) -> str:
+    name = getattr(envs, "env_name", None)
+    if name:
+        return name
+    spec = getattr(envs.unwrapped, "spec", None)
+    return repr(spec.id) if spec is not None else type(envs.unwrapped).__name__
+
+
+def _raise_bad_observation(envs: gym.vector.VectorEnv, err: Exception, when: str) -> None:
+    """After a numpy error in a sync vector env: if a sub-env's raw observation does not fit
+    the space (what makes gymnasium's concatenation fail), raise that, naming the env."""
+    base = envs.unwrapped
+    if not isinstance(err, ValueError | TypeError) or not isinstance(base, gym.vector.SyncVectorEnv):
+        return
+    space = base.single_observation_space
+    for i, obs in enumerate(getattr(base, "_env_obs", ())):
+        problem = observation_problem(space, obs)
+        if problem is not None:
+            name = f"{i} of {base.num_envs} ({_env_name(envs)})"
+            raise ValueError(_bad_observation(name, space, problem, when)) from err
+
+
 def step_vector_env(
     envs: gym.vector.VectorEnv, actions: Any
 ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
@@ -268,18 +430,23 @@ def step_vector_env(
         return envs.step(actions)
     except Exception as err:
         _raise_worker_failure(envs, err)
+        _raise_bad_observation(envs, err, "at a step")
         raise
 
 
 def reset_vector_env(
     envs: gym.vector.VectorEnv, seed: int | Sequence[int | None] | None = None, options: dict[str, Any] | None = None
 ) -> tuple[Any, dict[str, Any]]:
-    """``envs.reset(seed=seed, options=options)`` with the failure handling of ``step_vector_env``."""
+    """``envs.reset(seed=seed, options=options)`` with the failure handling of ``step_vector_env``;
+    the observations are checked against the observation space (see ``observation_problem``)."""
     try:
-        return envs.reset(seed=seed, options=options)
+        obs, info = envs.reset(seed=seed, options=options)
     except Exception as err:
         _raise_worker_failure(envs, err)
+        _raise_bad_observation(envs, err, "at reset")
         raise
+    check_observation(_env_name(envs), envs.observation_space, obs, "at reset")  # a vector_entry_point's own batch
+    return obs, info
 
 
 def close_vector_env(

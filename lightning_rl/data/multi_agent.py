@@ -59,7 +59,9 @@ def make_parallel_env(env: Callable[[], Any]) -> Any:
 
 def is_multi_agent_env(env: Any) -> bool:
     """Whether ``env`` (an env spec) makes a PettingZoo env (probed once: the factory is called)."""
-    if isinstance(env, str) or not callable(env):
+    from lightning_rl.data.envs import GymMake
+
+    if isinstance(env, str | GymMake) or not callable(env):  # gymnasium ids: never PettingZoo
         return False
     try:
         import pettingzoo
