@@ -4,6 +4,7 @@
 
 MODE ``check``: a few iterations of PPO CartPole (with an adaptive KL coefficient);
 ``learn``: the 100k-step learning run; ``uneven``: an env whose episodes end on rank 0 only;
+``spaces``: PPO on a Dict observation with MultiDiscrete actions;
 ``dqn``, ``dqn_uneven`` (the configuration where "enough data" used to differ between ranks),
 ``sac``, ``a2c``, ``impala``, ``appo``, ``apex``: the other algorithms (the async ones with a
 sampler worker per rank); ``resume-ALGO-PHASE`` (ALGO ``ppo``/``dqn``/``apex``, PHASE
@@ -29,6 +30,7 @@ from pytorch_lightning.loggers import CSVLogger
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lightning_rl import A2C, APEX, APPO, DQN, IMPALA, PPO, SAC
 from tests.multi_agent_envs import RankRelay, by_agent
+from tests.space_envs import CueMatch
 
 logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
 warnings.filterwarnings("ignore")
@@ -154,6 +156,9 @@ def main(out: Path, mode: str) -> None:
         model = IMPALA(env="CartPole-v1", use_lstm=True, max_seq_len=4, lstm_cell_size=16, hiddens=(16,),
                        num_workers=0, num_envs=2, rollout_fragment_length=8, train_batch_size=16,
                        total_env_steps=2 * 16 * 4, vectorization="sync", **common)
+    elif mode == "spaces":  # Dict observations (flattened at the envs), MultiDiscrete actions with a start
+        model = PPO(env=CueMatch, num_envs=2, rollout_fragment_length=16, sgd_minibatch_size=16, num_sgd_iter=2,
+                    hiddens=(16,), total_env_steps=2 * 32 * 3, vectorization="sync", **common)
     elif mode == "uneven":
         model = PPO(env=RankEnv, num_envs=2, rollout_fragment_length=8, sgd_minibatch_size=8,
                     total_env_steps=4 * 32, vectorization="sync", **common)
