@@ -211,13 +211,14 @@ class RLModule(pl.LightningModule):
                              f"which env={env!r} is not")
         if self.multi_agent:
             self.policy_mapping_fn = policy_mapping_fn or default_policy_mapping
+            self.raw_observation_space: gym.Space | None = None  # agents' spaces are used as they are
             spaces = agent_spaces(env)
             self.policy_spaces = policy_spaces(spaces, list(self.policy_config), self.policy_mapping_fn)
         else:
             self.policy_mapping_fn = None
             raw_obs_space, action_space = env_spaces(env)
             # Dict/Tuple observations arrive flattened (make_vector_env); predict flattens raw ones
-            self.raw_observation_space = raw_obs_space
+            self.raw_observation_space = raw_obs_space  # the env's own; observation_space is the flattened one
             spaces = {"agent_0": (flatten_observation_space(raw_obs_space), action_space)}
             self.policy_spaces = {DEFAULT_POLICY_ID: spaces["agent_0"]}
         self.policy_agents: dict[str, list[str]] = {pid: [] for pid in self.policy_spaces}  # possible agents
@@ -341,8 +342,9 @@ class RLModule(pl.LightningModule):
         (``[N, state_size]``; zeros when None), zeroes it where ``episode_start`` (``[N]`` bool),
         and reads the previous action and reward where it was built to (zeros when None)."""
         is_numpy = not isinstance(obs, Tensor)
-        raw_space = getattr(self, "raw_observation_space", None)
-        if is_raw_observation(obs) and is_structured(raw_space):  # one Dict/Tuple observation or a batch of them
+        raw_space = self.raw_observation_space
+        # one Dict/Tuple observation, or a batch of them in that structure
+        if is_raw_observation(obs) and raw_space is not None and is_structured(raw_space):
             obs = flatten_observation(obs, raw_space)
         obs_t = torch.as_tensor(np.asarray(obs) if is_numpy else obs)
         single = tuple(obs_t.shape) == tuple(self.policy_spaces[policy_id][0].shape or ())
