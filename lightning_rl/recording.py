@@ -24,6 +24,7 @@ import torch
 from lightning_rl.algorithms.base import RLModule
 from lightning_rl.checkpoint import algorithm_class, read_checkpoint, resolve_algorithm
 from lightning_rl.data.envs import EnvSpec, GymMake, check_env
+from lightning_rl.data.spaces import flatten_env
 from lightning_rl.inference import Acting
 
 __all__ = ["load_model", "main", "make_render_env", "record"]
@@ -121,7 +122,7 @@ def record(
     out = Path(out)
     spec = env if env is not None else model.env_spec
     policy_kwargs = {} if policy_id is None else {"policy_id": policy_id}
-    render_env = make_render_env(spec)
+    render_env = flatten_env(make_render_env(spec))  # Dict/Tuple observations as the module sees them
     frames: list[np.ndarray] = []
     returns: list[float] = []
     try:

@@ -4,7 +4,7 @@
 
 MODE ``check``: a few iterations of PPO CartPole (with an adaptive KL coefficient);
 ``learn``: the 100k-step learning run; ``uneven``: an env whose episodes end on rank 0 only
-(its settings given as env_kwargs);
+(its settings given as env_kwargs); ``spaces``: PPO on a Dict observation with MultiDiscrete actions;
 ``dqn``, ``dqn_uneven`` (the configuration where "enough data" used to differ between ranks),
 ``sac``, ``a2c``, ``impala``, ``appo``, ``apex``: the other algorithms (the async ones with a
 sampler worker per rank); ``resume-ALGO-PHASE`` (ALGO ``ppo``/``dqn``/``apex``, PHASE
@@ -30,6 +30,7 @@ from pytorch_lightning.loggers import CSVLogger
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lightning_rl import A2C, APEX, APPO, DQN, IMPALA, PPO, SAC
 from tests.multi_agent_envs import RankRelay, by_agent
+from tests.space_envs import CueMatch
 
 logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
 warnings.filterwarnings("ignore")
@@ -166,6 +167,9 @@ def main(out: Path, mode: str) -> None:
         model = PPO(env="CartPole-v1", normalize_observations=True, normalize_rewards=True, num_envs=2,
                     rollout_fragment_length=16, sgd_minibatch_size=16, num_sgd_iter=2, total_env_steps=2 * 32 * 4,
                     **common)
+    elif mode == "spaces":  # Dict observations (flattened at the envs), MultiDiscrete actions with a start
+        model = PPO(env=CueMatch, num_envs=2, rollout_fragment_length=16, sgd_minibatch_size=16, num_sgd_iter=2,
+                    hiddens=(16,), total_env_steps=2 * 32 * 3, vectorization="sync", **common)
     elif mode == "uneven":
         model = PPO(env=RankEnv, env_kwargs={"step_size": 0.2, "reward": 2.0},
                     num_envs=2, rollout_fragment_length=8, sgd_minibatch_size=8,

@@ -28,25 +28,25 @@ def test_env_factory_must_return_env():
         PPO(env=lambda: "CartPole-v1")
 
 
-class TupleObsEnv(gym.Env):
-    observation_space = gym.spaces.Tuple((gym.spaces.Discrete(2), gym.spaces.Discrete(3)))
+class TupleObsEnv(gym.Env):  # Tuple is flattened, but a Text sub-space cannot be
+    observation_space = gym.spaces.Tuple((gym.spaces.Discrete(2), gym.spaces.Text(3)))
     action_space = gym.spaces.Discrete(2)
 
 
-class MultiBinaryActionEnv(gym.Env):
+class MultiBinaryActionEnv(gym.Env):  # 1-D MultiBinary actions are supported, 2-D ones not
     observation_space = gym.spaces.Box(-1, 1, (3,))
-    action_space = gym.spaces.MultiBinary(4)
+    action_space = gym.spaces.MultiBinary([2, 2])
 
 
 @pytest.mark.parametrize("algo", [PPO, A2C])
 def test_unsupported_observation_space_is_named(algo):
-    with pytest.raises(ValueError, match=r"unsupported observation space Tuple\(Discrete\(2\), Discrete\(3\)\)"):
+    with pytest.raises(ValueError, match=r"space Tuple\(Discrete\(2\), Text\(.*has sub-space \[1\] = Text\("):
         algo(env=TupleObsEnv)
 
 
 @pytest.mark.parametrize("algo", [PPO, A2C])
 def test_unsupported_action_space_is_named(algo):
-    with pytest.raises(ValueError, match=r"unsupported action space MultiBinary\(4\)"):
+    with pytest.raises(ValueError, match=r"unsupported action space MultiBinary\(\(2, 2\)\): use Discrete, 1-D Box"):
         algo(env=MultiBinaryActionEnv)
 
 

@@ -139,6 +139,16 @@ def test_algorithm_runs_under_plain_ddp(tmp_path, mode):
     assert r0["first_obs"] != r1["first_obs"]
 
 
+def test_dict_observations_and_multi_discrete_actions_under_ddp(tmp_path):
+    """PPO on CueMatch (Dict observations flattened at the envs, MultiDiscrete actions with a
+    non-zero start): both ranks take the same steps and end with identical weights."""
+    r0, r1, _ = run_ddp(tmp_path, "spaces", timeout=300)
+    assert r0["params"] == r1["params"]
+    assert r0["counters"]["num_grad_updates"] == r1["counters"]["num_grad_updates"] == 3 * 2 * 2
+    assert r0["first_obs"] != r1["first_obs"]  # each rank's own envs
+    assert len(r0["first_obs"][0]) == 3 + 2  # the cue one-hot, then pos
+
+
 @pytest.mark.parametrize("mode", ["multi_agent", "multi_agent_dqn", "multi_agent_impala"])
 def test_multi_agent_policy_with_rows_on_one_rank_only(tmp_path, mode):
     """RankRelay: the helper agent (policy p_helper) acts only in rank 0's envs. Rank 1 steps on

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import distributions as td
 
-from lightning_rl.nn.distributions import Categorical, DiagGaussian
+from lightning_rl.nn.distributions import Bernoulli, Categorical, DiagGaussian, MultiCategorical
 
 
 def gen(seed: int) -> torch.Generator:
@@ -171,3 +171,89 @@ def test_gaussian_empirical_mean_and_std():
     # the dimensions are independent
     corr = torch.corrcoef(samples.T)
     torch.testing.assert_close(corr, torch.eye(3), atol=0.03, rtol=0)
+
+
+# --------------------------------------------------------------------------- MultiCategorical (MultiDiscrete)
+
+NVEC = [3, 2, 4]
+
+
+def multi_logits(seed: int, n: int = 6) -> torch.Tensor:
+    return torch.randn(n, sum(NVEC), generator=gen(seed), dtype=torch.float64) * 2 + 1
+
+
+def torch_components(logits: torch.Tensor) -> list[td.Categorical]:
+    return [td.Categorical(logits=part) for part in logits.split(NVEC, -1)]
+
+
+@pytest.mark.parametrize("start", [None, [1, 0, -2]])
+def test_multi_categorical_log_prob_matches_torch(start):
+    logits = multi_logits(2)
+    start_t = None if start is None else torch.tensor(start)
+    ours = MultiCategorical(logits, NVEC, start_t)
+    index = torch.stack([torch.randint(n, (6,), generator=gen(3 + i)) for i, n in enumerate(NVEC)], -1)
+    actions = index if start_t is None else index + start_t
+    ref = sum(c.log_prob(index[:, i]) for i, c in enumerate(torch_components(logits)))
+    torch.testing.assert_close(ours.log_prob(actions), ref)
+    torch.testing.assert_close(ours.log_prob(actions.double()), ref)  # as stored in a float column
+    assert ours.log_prob(actions).shape == (6,)
+
+
+def test_multi_categorical_entropy_and_kl_match_torch():
+    p_logits, q_logits = multi_logits(4), multi_logits(5)
+    p, q = MultiCategorical(p_logits, NVEC), MultiCategorical(q_logits, NVEC)
+    p_ref, q_ref = torch_components(p_logits), torch_components(q_logits)
+    torch.testing.assert_close(p.entropy(), sum(c.entropy() for c in p_ref))
+    torch.testing.assert_close(p.kl(q), sum(td.kl_divergence(a, b) for a, b in zip(p_ref, q_ref, strict=True)))
+    torch.testing.assert_close(p.kl(MultiCategorical(p_logits.clone(), NVEC)), torch.zeros(6, dtype=torch.float64))
+
+
+def test_multi_categorical_equal_components_match_torch():
+    logits = torch.randn(5, 6, generator=gen(6), dtype=torch.float64)
+    ours, refs = MultiCategorical(logits, [3, 3]), [td.Categorical(logits=p) for p in logits.split(3, -1)]
+    actions = ours.sample(gen(0))
+    ref = refs[0].log_prob(actions[:, 0]) + refs[1].log_prob(actions[:, 1])
+    torch.testing.assert_close(ours.log_prob(actions), ref)
+    torch.testing.assert_close(ours.entropy(), refs[0].entropy() + refs[1].entropy())
+
+
+def test_multi_categorical_sampling_is_seeded_in_range_and_greedy_is_argmax():
+    logits = multi_logits(7, n=2000)
+    start = torch.tensor([1, 0, -2])
+    dist = MultiCategorical(logits, NVEC, start)
+    a, b = dist.sample(gen(11)), dist.sample(gen(11))
+    assert torch.equal(a, b) and a.dtype == torch.int64 and a.shape == (2000, 3)
+    index = a - start
+    assert ((index >= 0) & (index < torch.tensor(NVEC))).all()
+    greedy = dist.deterministic_sample() - start
+    assert torch.equal(greedy, torch.stack([p.argmax(-1) for p in logits.split(NVEC, -1)], -1))
+    # one row's frequencies: each component follows its own softmax
+    row = MultiCategorical(logits[:1].expand(20000, -1), NVEC).sample(gen(12))
+    for i, part in enumerate(logits[0].split(NVEC)):
+        freq = torch.bincount(row[:, i], minlength=NVEC[i]).double() / 20000
+        torch.testing.assert_close(freq, part.softmax(-1), atol=0.015, rtol=0)
+
+
+# --------------------------------------------------------------------------- Bernoulli (MultiBinary)
+
+
+def test_bernoulli_matches_torch():
+    p_logits, q_logits = random_logits(8, k=4), random_logits(9, k=4) - 3
+    p, q = Bernoulli(p_logits), Bernoulli(q_logits)
+    p_ref, q_ref = td.Bernoulli(logits=p_logits), td.Bernoulli(logits=q_logits)
+    actions = (torch.rand(6, 4, generator=gen(10)) < 0.5).long()
+    torch.testing.assert_close(p.log_prob(actions), p_ref.log_prob(actions.double()).sum(-1))
+    torch.testing.assert_close(p.entropy(), p_ref.entropy().sum(-1))
+    torch.testing.assert_close(p.kl(q), td.kl_divergence(p_ref, q_ref).sum(-1))
+    # large logits stay finite
+    big = Bernoulli(torch.tensor([[80.0, -80.0]]))
+    assert torch.isfinite(big.log_prob(torch.tensor([[0, 1]]))).all() and torch.isfinite(big.entropy()).all()
+
+
+def test_bernoulli_sampling_is_seeded_and_greedy_thresholds_at_zero():
+    logits = torch.tensor([[-1.0, 0.5, 2.0]]).expand(20000, -1)
+    dist = Bernoulli(logits)
+    a = dist.sample(gen(13))
+    assert torch.equal(a, dist.sample(gen(13))) and a.dtype == torch.int64
+    torch.testing.assert_close(a.double().mean(0), torch.sigmoid(logits[0]).double(), atol=0.015, rtol=0)
+    assert torch.equal(dist.deterministic_sample()[0], torch.tensor([0, 1, 1]))

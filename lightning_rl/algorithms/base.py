@@ -42,6 +42,7 @@ from lightning_rl.checkpoint import (
 from lightning_rl.data.base import EnvDataModule, new_generator, rank_seed
 from lightning_rl.data.envs import EnvSpec, env_spaces, env_spec
 from lightning_rl.data.multi_agent import agent_spaces, is_multi_agent_env, policy_spaces
+from lightning_rl.data.spaces import flatten_observation, flatten_observation_space, is_raw_observation, is_structured
 from lightning_rl.distributed import FlatGradients, bypass_ddp_gradient_sync, check_strategy, sum_over_ranks
 from lightning_rl.evaluation import evaluate
 from lightning_rl.functional import piecewise_linear
@@ -217,11 +218,15 @@ class RLModule(pl.LightningModule):
                              f"which env={env!r} is not")
         if self.multi_agent:
             self.policy_mapping_fn = policy_mapping_fn or default_policy_mapping
+            self.raw_observation_space: gym.Space | None = None  # agents' spaces are used as they are
             spaces = agent_spaces(env)
             self.policy_spaces = policy_spaces(spaces, list(self.policy_config), self.policy_mapping_fn)
         else:
             self.policy_mapping_fn = None
-            spaces = {"agent_0": env_spaces(env)}
+            raw_obs_space, action_space = env_spaces(env)
+            # Dict/Tuple observations arrive flattened (make_vector_env); predict flattens raw ones
+            self.raw_observation_space = raw_obs_space  # the env's own; observation_space is the flattened one
+            spaces = {"agent_0": (flatten_observation_space(raw_obs_space), action_space)}
             self.policy_spaces = {DEFAULT_POLICY_ID: spaces["agent_0"]}
         self.policy_agents: dict[str, list[str]] = {pid: [] for pid in self.policy_spaces}  # possible agents
         for agent in spaces:
@@ -342,11 +347,17 @@ class RLModule(pl.LightningModule):
         prev_action: np.ndarray | Tensor | None = None, prev_reward: np.ndarray | Tensor | None = None,
     ) -> Any:
         """Actions for a batch ``[N, *obs_shape]`` (or one observation); numpy in, numpy out.
+        With a Dict/Tuple observation space, ``obs`` may also be one raw observation or a batch
+        in that structure (arrays with a leading ``[N]``): it is flattened as the envs' are.
 
         A recurrent policy (``use_lstm``) returns ``(actions, next state)``: it reads ``state``
         (``[N, state_size]``; zeros when None), zeroes it where ``episode_start`` (``[N]`` bool),
         and reads the previous action and reward where it was built to (zeros when None)."""
         is_numpy = not isinstance(obs, Tensor)
+        raw_space = self.raw_observation_space
+        # one Dict/Tuple observation, or a batch of them in that structure
+        if is_raw_observation(obs) and raw_space is not None and is_structured(raw_space):
+            obs = flatten_observation(obs, raw_space)
         obs_t = torch.as_tensor(np.asarray(obs) if is_numpy else obs)
         single = tuple(obs_t.shape) == tuple(self.policy_spaces[policy_id][0].shape or ())
         if single:
@@ -364,7 +375,11 @@ class RLModule(pl.LightningModule):
                 inputs[STATE_IN] = inputs[STATE_IN].float()
         out = self.policy_outputs(obs_t, policy_id, explore=explore, inputs=inputs)
         actions = out["actions"][0] if single else out["actions"]
-        actions = actions.cpu().numpy() if is_numpy else actions
+        if is_numpy:
+            actions = actions.cpu().numpy()
+            action_space = self.policy_spaces[policy_id][1]
+            if isinstance(action_space, gym.spaces.MultiDiscrete | gym.spaces.MultiBinary):
+                actions = actions.astype(action_space.dtype)  # what the space's contains() accepts
         if inputs is None:
             return actions
         next_state = out[STATE_OUT][0] if single else out[STATE_OUT]

@@ -7,9 +7,12 @@ rollouts) and runs these once per env step, so these are small classes of our ow
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 
@@ -67,6 +70,93 @@ class DiagGaussian:
         return 0.5 * (var_ratio + t1 - 1 - 2 * (self.log_std - other.log_std)).sum(-1)
 
 
-Distribution = Categorical | DiagGaussian
+@functools.cache
+def _padding_index(nvec: tuple[int, ...], device: torch.device) -> Tensor:
+    """``[k, max(nvec)]`` positions in ``[*component logits, -inf]``: component ``i``'s logit
+    ``j``, or the trailing -inf where ``j >= nvec[i]``."""
+    with torch.inference_mode(False):  # cached: a normal tensor, usable later under autograd
+        offsets = torch.tensor([0, *nvec[:-1]]).cumsum(0)
+        j = torch.arange(max(nvec))
+        index = torch.where(j < torch.tensor(nvec)[:, None], offsets[:, None] + j, sum(nvec))
+        return index.to(device)
 
-__all__ = ["Categorical", "DiagGaussian", "Distribution"]
+
+class MultiCategorical:
+    """Independent categoricals, one per ``MultiDiscrete`` component: ``logits [N, sum(nvec)]``
+    hold the components' logits side by side; actions are ``[N, k]`` int64 values
+    ``start + index`` (``start`` is the space's, zeros when None). ``log_prob``, ``entropy`` and
+    ``kl`` sum over the ``k`` components, as for a product distribution."""
+
+    def __init__(self, logits: Tensor, nvec: Sequence[int], start: Tensor | None = None) -> None:
+        nvec = [int(n) for n in nvec]
+        k, width = len(nvec), max(nvec)
+        if len(set(nvec)) == 1:
+            padded = logits.reshape(*logits.shape[:-1], k, width)
+        else:  # components of unequal size: pad each to the widest with -inf (probability 0)
+            padded = torch.cat([logits, logits.new_full((*logits.shape[:-1], 1), -math.inf)], -1)
+            padded = padded[..., _padding_index(tuple(nvec), logits.device)]
+        self.logits = padded - padded.logsumexp(-1, keepdim=True)  # [N, k, width]
+        self.start = start
+
+    def _offset(self, index: Tensor) -> Tensor:
+        return index if self.start is None else index + self.start.to(index.device)
+
+    def sample(self, generator: torch.Generator | None = None) -> Tensor:
+        """``[N, k]`` int64 actions."""
+        probs = self.logits.exp()
+        index = torch.multinomial(probs.reshape(-1, probs.shape[-1]), 1, generator=generator)
+        return self._offset(index.reshape(probs.shape[:-1]))
+
+    def deterministic_sample(self) -> Tensor:
+        return self._offset(self.logits.argmax(-1))
+
+    def log_prob(self, actions: Tensor) -> Tensor:
+        index = actions.long() if self.start is None else actions.long() - self.start.to(actions.device)
+        return self.logits.gather(-1, index.unsqueeze(-1)).squeeze(-1).sum(-1)
+
+    def _finite_logits(self) -> Tensor:
+        return self.logits.clamp_min(torch.finfo(self.logits.dtype).min)  # padding adds 0, not nan
+
+    def entropy(self) -> Tensor:
+        return -(self.logits.exp() * self._finite_logits()).sum((-2, -1))
+
+    def kl(self, other: MultiCategorical) -> Tensor:
+        return (self.logits.exp() * (self._finite_logits() - other._finite_logits())).sum((-2, -1))
+
+
+class Bernoulli:
+    """Independent Bernoullis over ``[N, k]`` ``logits`` (``MultiBinary`` actions); actions are
+    ``[N, k]`` int64 0/1. ``log_prob``, ``entropy`` and ``kl`` sum over the ``k`` components."""
+
+    def __init__(self, logits: Tensor) -> None:
+        self.logits = logits
+
+    def sample(self, generator: torch.Generator | None = None) -> Tensor:
+        u = torch.rand(self.logits.shape, generator=generator, device=self.logits.device, dtype=self.logits.dtype)
+        return (u < torch.sigmoid(self.logits)).long()
+
+    def deterministic_sample(self) -> Tensor:
+        return (self.logits > 0).long()
+
+    def log_prob(self, actions: Tensor) -> Tensor:
+        # log p(x) = x * l - softplus(l): log sigmoid(l) for x = 1, log sigmoid(-l) for x = 0
+        return (actions.to(self.logits.dtype) * self.logits - F.softplus(self.logits)).sum(-1)
+
+    def _log_p_q(self) -> tuple[Tensor, Tensor]:
+        return -F.softplus(-self.logits), -F.softplus(self.logits)  # log p(1), log p(0)
+
+    def entropy(self) -> Tensor:
+        log_p1, log_p0 = self._log_p_q()
+        p1 = torch.sigmoid(self.logits)
+        return -(p1 * log_p1 + (1 - p1) * log_p0).sum(-1)
+
+    def kl(self, other: Bernoulli) -> Tensor:
+        log_p1, log_p0 = self._log_p_q()
+        log_q1, log_q0 = other._log_p_q()
+        p1 = torch.sigmoid(self.logits)
+        return (p1 * (log_p1 - log_q1) + (1 - p1) * (log_p0 - log_q0)).sum(-1)
+
+
+Distribution = Categorical | DiagGaussian | MultiCategorical | Bernoulli
+
+__all__ = ["Bernoulli", "Categorical", "DiagGaussian", "Distribution", "MultiCategorical"]

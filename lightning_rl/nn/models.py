@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from lightning_rl.nn.distributions import Categorical, DiagGaussian, Distribution
+from lightning_rl.nn.distributions import Bernoulli, Categorical, DiagGaussian, Distribution, MultiCategorical
 from lightning_rl.nn.encoders import ACTIVATIONS, Activation, EncoderSpec, build_encoder, resolve_activation
 from lightning_rl.nn.normalization import RunningMeanStd
 
@@ -66,23 +66,66 @@ def flat_obs_dim(space: gym.Space) -> int:
         return int(np.prod(space.shape))
     if isinstance(space, gym.spaces.Discrete):
         return int(space.n)
-    raise ValueError(f"unsupported observation space {space}: use Box or Discrete observations")
+    if isinstance(space, gym.spaces.MultiDiscrete) and len(space.shape) == 1:
+        return int(space.nvec.sum())
+    if isinstance(space, gym.spaces.MultiBinary):
+        return int(np.prod(space.shape))
+    if isinstance(space, gym.spaces.Dict | gym.spaces.Tuple):
+        raise ValueError(f"observation space {space} reached a network unflattened: lightning_rl flattens Dict and "
+                         "Tuple observations where it makes single-agent envs (lightning_rl.data.spaces); "
+                         "flatten them yourself elsewhere (e.g. multi-agent envs)")
+    raise ValueError(f"unsupported observation space {space}: use Box, Discrete, MultiDiscrete (1-D), MultiBinary, "
+                     "or Dict/Tuple of them")
 
 
 def preprocess_obs(obs: Tensor, space: gym.Space) -> Tensor:
-    """``[N, *obs_shape]`` env observations -> ``[N, flat_obs_dim]`` float network input."""
+    """``[N, *obs_shape]`` env observations -> ``[N, flat_obs_dim]`` float network input:
+    Discrete one-hot, MultiDiscrete one one-hot per component, anything else flattened."""
     if isinstance(space, gym.spaces.Discrete):
         return nn.functional.one_hot(obs.long().reshape(-1) - int(space.start), int(space.n)).float()
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        index = obs.long().reshape(obs.shape[0], -1) - torch.as_tensor(space.start, device=obs.device)
+        width = int(space.nvec.max())
+        hot = nn.functional.one_hot(index, width).float()  # [N, k, width], then each component's n columns
+        rows, cols = _one_hot_columns(space)
+        return hot[:, rows, cols]
     return obs.reshape(obs.shape[0], -1).float()
+
+
+def _one_hot_columns(space: gym.spaces.MultiDiscrete) -> tuple[Tensor, Tensor]:
+    """Indices into ``[k, max(nvec)]`` that keep component ``i``'s first ``nvec[i]`` columns."""
+    nvec = [int(n) for n in space.nvec]
+    rows = torch.tensor([i for i, n in enumerate(nvec) for _ in range(n)])
+    cols = torch.tensor([j for n in nvec for j in range(n)])
+    return rows, cols
+
+
+def action_head_size(space: gym.Space) -> int:
+    """Policy-head outputs for an action space: logits of each Discrete/MultiDiscrete value,
+    one logit per MultiBinary entry, a mean per Box dimension; raises naming the space if
+    unsupported."""
+    if isinstance(space, gym.spaces.Discrete):
+        if int(space.start) != 0:
+            raise ValueError(f"unsupported action space {space}: Discrete actions must start at 0")
+        return int(space.n)
+    if isinstance(space, gym.spaces.Box) and len(space.shape) == 1:
+        return int(space.shape[0])
+    if isinstance(space, gym.spaces.MultiDiscrete) and len(space.shape) == 1:
+        return int(space.nvec.sum())
+    if isinstance(space, gym.spaces.MultiBinary) and len(space.shape) == 1:
+        return int(space.shape[0])
+    raise ValueError(f"unsupported action space {space}: use Discrete, 1-D Box, 1-D MultiDiscrete or 1-D "
+                     "MultiBinary actions")
 
 
 class ActorCritic(nn.Module):
     """Policy and value function; separate networks unless ``vf_share_layers``.
 
     Each trunk is ``encoder`` (a user's network, see ``nn/encoders.py``; none by default)
-    then the ``hiddens`` MLP. Discrete actions get a categorical distribution over logits;
-    Box actions a diagonal Gaussian with a state-independent learned log std (actions are
-    clipped to the bounds only when sent to the env, so log-probabilities stay exact).
+    then the ``hiddens`` MLP. Discrete actions get a categorical distribution over logits,
+    MultiDiscrete one categorical per component, MultiBinary one Bernoulli per entry; Box
+    actions a diagonal Gaussian with a state-independent learned log std (actions are clipped
+    to the bounds only when sent to the env, so log-probabilities stay exact).
 
     ``normalize_observations``: the input is standardized by the running mean and std of the
     observations the learner has trained on (``obs_rms``, updated by the algorithm, clipped
@@ -111,14 +154,15 @@ class ActorCritic(nn.Module):
         in_dim = flat_obs_dim(observation_space)
         self.obs_rms = RunningMeanStd(in_dim, observation_clip) if normalize_observations else None
         self.return_rms = RunningMeanStd((), reward_clip) if normalize_rewards else None
-        if isinstance(action_space, gym.spaces.Discrete):
-            num_outputs = int(action_space.n)
-            self.log_std = None
-        elif isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1:
-            num_outputs = int(action_space.shape[0])
-            self.log_std = nn.Parameter(torch.full((num_outputs,), float(log_std_init)))
-        else:
-            raise ValueError(f"unsupported action space {action_space}: use Discrete or 1-D Box actions")
+        num_outputs = action_head_size(action_space)
+        self.log_std = (nn.Parameter(torch.full((num_outputs,), float(log_std_init)))
+                        if isinstance(action_space, gym.spaces.Box) else None)
+        if isinstance(action_space, gym.spaces.MultiDiscrete):
+            # plain ints: torch.compile would trace the space's numpy nvec as a tensor
+            self.action_nvec = tuple(int(n) for n in action_space.nvec)
+            start = torch.as_tensor(action_space.start, dtype=torch.int64)
+            # a buffer, so it follows the module's device (not saved: the space defines it)
+            self.register_buffer("action_start", start if bool(start.any()) else None, persistent=False)
         hiddens = list(hiddens)
         self.pi_encoder = self._trunk(in_dim, hiddens, activation, encoder)
         self.vf_encoder = None if vf_share_layers else self._trunk(in_dim, hiddens, activation, encoder)
@@ -136,8 +180,8 @@ class ActorCritic(nn.Module):
         """``encoder`` (reading observations in their own shape) then the MLP; sets ``features_dim``."""
         first: list[nn.Module] = []
         if encoder is not None:
-            shape = (in_dim,) if isinstance(self.observation_space, gym.spaces.Discrete) else tuple(
-                self.observation_space.shape)
+            box = isinstance(self.observation_space, gym.spaces.Box)  # others arrive one-hot / flat
+            shape = tuple(self.observation_space.shape) if box else (in_dim,)
             user, in_dim = build_encoder(encoder, self.observation_space, shape)
             first = [nn.Unflatten(1, shape), user] if len(shape) > 1 else [user]
         self.features_dim = hiddens[-1] if hiddens else in_dim
@@ -151,9 +195,14 @@ class ActorCritic(nn.Module):
         return x if self.obs_rms is None else self.obs_rms.normalize(x)
 
     def distribution(self, pi_out: Tensor) -> Distribution:
-        if self.log_std is None:
-            return Categorical(pi_out)
-        return DiagGaussian(pi_out, self.log_std)
+        """The action distribution over the policy head's ``[N, num_outputs]`` outputs."""
+        if self.log_std is not None:
+            return DiagGaussian(pi_out, self.log_std)
+        if isinstance(self.action_space, gym.spaces.MultiDiscrete):
+            return MultiCategorical(pi_out, self.action_nvec, self.action_start)
+        if isinstance(self.action_space, gym.spaces.MultiBinary):
+            return Bernoulli(pi_out)
+        return Categorical(pi_out)
 
     def forward(self, obs: Tensor) -> tuple[Distribution, Tensor]:
         """``[N, *obs_shape]`` -> (action distribution over ``N`` rows, ``[N]`` values)."""

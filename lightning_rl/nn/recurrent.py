@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_rl.nn.encoders import Activation
-from lightning_rl.nn.models import ActorCritic, _init_linear
+from lightning_rl.nn.models import ActorCritic, _init_linear, preprocess_obs
 
 __all__ = ["RecurrentActorCritic"]
 
@@ -27,7 +27,8 @@ PREV_ACTIONS, PREV_REWARDS = "prev_actions", "prev_rewards"
 
 class RecurrentActorCritic(ActorCritic):
     """``ActorCritic`` with an LSTM cell of ``lstm_cell_size`` after each encoder (whose input
-    may add the previous action, one-hot for Discrete, and the previous reward)."""
+    may add the previous action, one-hot for Discrete and per component for MultiDiscrete, and
+    the previous reward)."""
 
     recurrent = True
 
@@ -50,8 +51,7 @@ class RecurrentActorCritic(ActorCritic):
                          **kwargs)
         self.use_prev_action, self.use_prev_reward = lstm_use_prev_action, lstm_use_prev_reward
         self.cell_size = lstm_cell_size
-        self.action_dim = (int(action_space.n) if isinstance(action_space, gym.spaces.Discrete)
-                           else int(action_space.shape[0]))
+        self.action_dim = self.pi_head.out_features  # a previous action's encoding has the head's width
         extra = (self.action_dim if lstm_use_prev_action else 0) + (1 if lstm_use_prev_reward else 0)
         lstm_in = self.features_dim + extra
         self.pi_lstm = nn.LSTMCell(lstm_in, lstm_cell_size)
@@ -79,9 +79,14 @@ class RecurrentActorCritic(ActorCritic):
         if self.use_prev_action:
             if prev_actions is None:
                 parts.append(like.new_zeros(n, self.action_dim))
-            elif self.log_std is None:  # Discrete: one-hot
+            elif isinstance(self.action_space, gym.spaces.Discrete):  # one-hot
                 parts.append(nn.functional.one_hot(prev_actions.long().reshape(n), self.action_dim).to(like.dtype))
-            else:
+            elif isinstance(self.action_space, gym.spaces.MultiDiscrete):  # one one-hot per component
+                # the zeros standing for "no previous action" may lie below a non-zero start: clamp
+                first = torch.as_tensor(self.action_space.start, device=prev_actions.device)
+                index = torch.maximum(prev_actions.reshape(n, -1), first)
+                parts.append(preprocess_obs(index, self.action_space).to(like.dtype))
+            else:  # Box values, MultiBinary 0/1
                 parts.append(prev_actions.reshape(n, self.action_dim).to(like.dtype))
         if self.use_prev_reward:
             parts.append(like.new_zeros(n, 1) if prev_rewards is None else prev_rewards.reshape(n, 1).to(like.dtype))
