@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +82,14 @@ class RLCLI(LightningCLI):
         seeded = isinstance(seed, int) and not isinstance(seed, bool)
         if seeded and init_args is not None and init_args.get("seed") is None:
             init_args.seed = seed
+        # An env-step budget is the run's limit: no epoch limit (Lightning would set 1000 and warn).
+        trainer = config.get("trainer")
+        if (
+            subcommand == "fit" and trainer is not None and init_args is not None
+            and init_args.get("total_env_steps") is not None and trainer.get("max_epochs") is None
+            and trainer.get("max_steps") in (None, -1) and trainer.get("max_time") is None
+        ):
+            trainer.max_epochs = -1
         self._check_env(init_args)
 
     def _check_env(self, init_args: Any) -> None:
@@ -97,16 +106,29 @@ class RLCLI(LightningCLI):
 
 def cli(args: list[str] | None = None, run: bool = True, **kwargs: Any) -> LightningCLI:
     """Lightning's CLI with any ``RLModule`` subclass as the model (``--model PPO``)."""
+    quiet_known_warnings(sys.argv[1:] if args is None else args)
     return RLCLI(
         RLModule,
         subclass_mode_model=True,
         auto_configure_optimizers=False,  # each algorithm configures its own optimizers
+        # Lightning's default (True) seeds 0 too, with a "No seed found" warning.
+        seed_everything_default=0,
         save_config_kwargs={"overwrite": True},
         parser_kwargs={"prog": "lightning-rl"},
         argv=args,
         run=run,
         **kwargs,
     )
+
+
+def quiet_known_warnings(argv: list[str]) -> None:
+    """Silence Lightning's warnings that every normal run would print and that cannot be
+    avoided at their source; each by its exact message."""
+    # pytorch_lightning's own pytree helper on newer torch: nothing a user can act on.
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+    if argv[:1] and argv[0] in ("validate", "test", "predict"):
+        # Restoring a fit's ModelCheckpoint state into a new run's directory: nothing is saved here.
+        warnings.filterwarnings("ignore", message=r"The dirpath has changed from")
 
 
 def main(args: list[str] | None = None) -> int:
@@ -123,7 +145,12 @@ def main(args: list[str] | None = None) -> int:
         print("lightning-rl {fit,validate,test,predict} [options]  (Lightning's CLI; `lightning-rl fit -h`)")
         print("lightning-rl plot LOG_DIR... --out curve.png   (`lightning-rl plot -h`)")
         print("lightning-rl record --ckpt_path CKPT --out agent.gif   (`lightning-rl record -h`)")
-    cli(_with_model_from_checkpoint(argv) if args is not None or argv else None)
+    argv = _with_model_from_checkpoint(argv)
+    if args is None:  # the command line itself, so Lightning does not warn of args next to sys.argv
+        sys.argv[1:] = argv
+        cli(None)
+    else:
+        cli(argv)
     return 0
 
 

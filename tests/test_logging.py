@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import csv
+import re
 
 import pytest
+import pytorch_lightning as pl
+from pytorch_lightning.callbacks import TQDMProgressBar
 from pytorch_lightning.loggers import CSVLogger, TensorBoardLogger
 
 from lightning_rl import PPO
+from lightning_rl.callbacks import EnvStepProgressBar
 from tests.conftest import quiet_trainer
 
 EXPECTED = [
@@ -67,3 +71,90 @@ def test_validation_metrics_share_the_env_step_axis(tmp_path):
     train_steps = [int(float(r["step"])) for r in rows if r.get("counters/num_env_steps_sampled")]
     assert val_steps == [512, 1024, 1536]  # evaluated at the end of each epoch of 4 x 128 env steps
     assert set(val_steps) <= set(train_steps)  # one x axis for training and validation curves
+
+
+def csv_rows(root) -> list[dict[str, str]]:
+    (metrics_file,) = root.glob("csv/version_0/metrics.csv")
+    return [row for row in csv.DictReader(metrics_file.open()) if row.get("counters/num_env_steps_sampled")]
+
+
+def tiny_ppo(iterations: int | None, **kwargs) -> PPO:
+    """PPO of 8 env steps an iteration (cheap iterations, so a run of hundreds is a few seconds)."""
+    return PPO(env="CartPole-v1", num_envs=2, rollout_fragment_length=4, num_sgd_iter=1, sgd_minibatch_size=8,
+               seed=0, total_env_steps=iterations and 8 * iterations, iterations_per_epoch=10, **kwargs)
+
+
+def test_default_cadence_logs_at_least_100_points_without_logging_every_iteration(tmp_path):
+    # Lightning's default (50) would give 4 points over these 200 iterations; the run's length picks
+    # every 200 // 100 = 2 iterations (and the first, logged while an iteration's size is unknown).
+    trainer = quiet_trainer(logger=CSVLogger(tmp_path, name="csv"))
+    trainer.fit(tiny_ppo(200))
+    assert trainer.log_every_n_steps == 2
+    steps = [int(float(row["step"])) for row in csv_rows(tmp_path)]
+    assert len(steps) == 101
+    assert steps[:3] == [8, 16, 32] and steps[-1] == 1600
+
+
+def test_explicit_log_every_n_steps_is_kept(tmp_path):
+    trainer = quiet_trainer(logger=CSVLogger(tmp_path, name="csv"), log_every_n_steps=7)
+    trainer.fit(tiny_ppo(30))
+    assert trainer.log_every_n_steps == 7
+    steps = [int(float(row["step"])) for row in csv_rows(tmp_path)]
+    assert steps == [8 * i for i in (7, 14, 21, 28, 30)]  # and the last iteration, where fit stops
+
+
+class StopAfter(pl.Callback):
+    def __init__(self, iterations: int) -> None:
+        self.left = iterations
+
+    def on_train_batch_end(self, trainer, *_) -> None:
+        self.left -= 1
+        trainer.should_stop = self.left <= 0
+
+
+def test_default_cadence_follows_the_trainer_limits_without_a_budget(tmp_path):
+    trainer = quiet_trainer(logger=CSVLogger(tmp_path, name="csv"), max_steps=200, callbacks=[StopAfter(3)])
+    trainer.fit(tiny_ppo(None))
+    assert trainer.log_every_n_steps == 2  # max_steps=200 iterations // 100 (decided at the second)
+
+
+def bar_counts(text: str, total: str) -> list[int]:
+    return [int(n) for n in re.findall(rf"(\d+)/{total} env steps", text.replace("\r", "\n"))]
+
+
+def test_progress_bar_counts_env_steps_toward_the_budget_across_epochs(tmp_path, capsys):
+    model = PPO(env="CartPole-v1", num_envs=4, rollout_fragment_length=64, seed=0, total_env_steps=1500,
+                iterations_per_epoch=2)
+    trainer = quiet_trainer(enable_progress_bar=True, default_root_dir=tmp_path)
+    trainer.fit(model)
+    bar = trainer.progress_bar_callback
+    assert isinstance(bar, EnvStepProgressBar)
+    assert bar.train_progress_bar.n == 1536 and bar.train_progress_bar.total == 1536  # the last iteration overshoots
+    out = capsys.readouterr().out
+    counts = bar_counts(out, "1500")
+    assert counts == sorted(counts) and counts[-1] == 1280 and 512 in counts  # one bar: no restart at epoch ends
+    assert "1536/1536 env steps" in out
+    last = out.replace("\r", "\n").strip().splitlines()[-1]
+    assert "return=" in last and "steps/s" in last and "v_num" not in last and "env_steps=" not in last
+
+
+def test_progress_bar_without_a_budget_counts_without_a_total(tmp_path, capsys):
+    model = PPO(env="CartPole-v1", num_envs=4, rollout_fragment_length=64, seed=0, total_env_steps=None,
+                iterations_per_epoch=2)
+    quiet_trainer(enable_progress_bar=True, default_root_dir=tmp_path, max_epochs=2).fit(model)
+    last = capsys.readouterr().out.replace("\r", "\n").strip().splitlines()[-1]
+    assert re.match(r"Epoch 1: 1024 env steps \[", last), last
+
+
+def test_a_users_progress_bar_is_kept_and_a_plain_one_keeps_its_settings(tmp_path):
+    class MyBar(TQDMProgressBar):
+        pass
+
+    mine = MyBar()
+    trainer = quiet_trainer(enable_progress_bar=True, default_root_dir=tmp_path, callbacks=[mine], max_steps=1)
+    trainer.fit(tiny_ppo(None))
+    assert trainer.progress_bar_callback is mine
+    trainer = quiet_trainer(enable_progress_bar=True, default_root_dir=tmp_path, max_steps=1,
+                            callbacks=[TQDMProgressBar(refresh_rate=3)])
+    trainer.fit(tiny_ppo(None))
+    assert type(trainer.progress_bar_callback) is EnvStepProgressBar and trainer.progress_bar_callback.refresh_rate == 3

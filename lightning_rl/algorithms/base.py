@@ -24,7 +24,7 @@ import gymnasium as gym
 import numpy as np
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import ModelSummary
+from pytorch_lightning.callbacks import ModelSummary, TQDMProgressBar
 from pytorch_lightning.trainer.states import TrainerFn, TrainerStatus
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
@@ -601,19 +601,33 @@ class RLModule(pl.LightningModule):
         self.process_settings.restore()
 
     def configure_callbacks(self) -> list[pl.Callback]:
-        from lightning_rl.callbacks import InterruptCheckpoint, LearnerInfoCallback, RolloutMetricsCallback
+        from lightning_rl.callbacks import (
+            EnvStepProgressBar,
+            InterruptCheckpoint,
+            LearnerInfoCallback,
+            LogCadence,
+            RolloutMetricsCallback,
+        )
 
         if self._trainer is not None:
             self._configure_trainer(self.trainer)
         present = {type(cb) for cb in self.trainer.callbacks} if self._trainer is not None else set()
         callbacks: list[pl.Callback] = [
-            cb() for cb in (LearnerInfoCallback, RolloutMetricsCallback, _FitLifecycle) if cb not in present
+            cb() for cb in (LearnerInfoCallback, RolloutMetricsCallback, LogCadence, _FitLifecycle)
+            if cb not in present
         ]
         if self._trainer is not None:
             if InterruptCheckpoint not in present:
                 callbacks.append(InterruptCheckpoint(os.path.join(self.trainer.default_root_dir, "checkpoints")))
-            if ModelSummary in present:  # show each policy's parameter count, not just the ModuleDict's
-                callbacks.append(ModelSummary(max_depth=2))
+            # Swapped in the Trainer's list, not returned (that prints an "override" notice). Lightning's
+            # default bar restarts every epoch; ours counts the run's env steps. The summary at depth 2
+            # shows each policy's parameter count, not just the ModuleDict's.
+            trainer_callbacks = self.trainer.callbacks
+            for i, cb in enumerate(trainer_callbacks):
+                if type(cb) is TQDMProgressBar:
+                    trainer_callbacks[i] = EnvStepProgressBar.like(cb)
+                elif type(cb) is ModelSummary and cb._max_depth == 1:  # Lightning's default
+                    trainer_callbacks[i] = ModelSummary(max_depth=2)
         return callbacks
 
     def _configure_trainer(self, trainer: pl.Trainer) -> None:

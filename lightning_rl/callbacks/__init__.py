@@ -2,6 +2,7 @@
 
 from lightning_rl.callbacks.episodes import RolloutMetricsCallback
 from lightning_rl.callbacks.interrupt import InterruptCheckpoint
-from lightning_rl.callbacks.learner_info import LearnerInfoCallback
+from lightning_rl.callbacks.learner_info import LearnerInfoCallback, LogCadence
+from lightning_rl.callbacks.progress import EnvStepProgressBar
 
-__all__ = ["InterruptCheckpoint", "LearnerInfoCallback", "RolloutMetricsCallback"]
+__all__ = ["EnvStepProgressBar", "InterruptCheckpoint", "LearnerInfoCallback", "LogCadence", "RolloutMetricsCallback"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -25,6 +26,62 @@ def should_log(trainer: pl.Trainer, batch_idx: int) -> bool:
     on the last of each epoch, for epoch-end monitors. ``self.log`` costs far more than an
     iteration of small-batch RL, and on other iterations Lightning would discard the value."""
     return trainer._logger_connector.should_update_logs or batch_idx + 1 >= trainer.num_training_batches
+
+
+LIGHTNING_LOG_EVERY_N_STEPS = 50  # the Trainer's default: what "not set" looks like
+LOG_POINTS = 100
+
+
+def default_log_every_n_steps(total_iterations: int, points: int = LOG_POINTS) -> int:
+    """Every ``total_iterations // points`` iterations (at least 1): between ``points`` and
+    ``2 * points`` logged points over the run (or every iteration of a shorter run)."""
+    return max(1, total_iterations // points)
+
+
+class LogCadence(pl.Callback):
+    """Picks ``trainer.log_every_n_steps`` from the length of the run when the user left it at
+    Lightning's default (50, which gives only ~8 points over a default PPO run of ~390 iterations;
+    an explicit 50 reads the same and is replaced too). The run's length in iterations is
+    ``total_env_steps`` over the env steps of an iteration, measured on the first one (logged
+    as the cadence is not known yet), else the Trainer's ``max_steps``/``max_epochs``. Logging
+    every iteration is avoided because ``self.log`` costs more than a small-batch iteration."""
+
+    def __init__(self) -> None:
+        self.auto: bool | None = None  # decided at the first fit (later fits find our own value)
+        self._pending = False
+        self._start_steps = 0
+        self._iterations = 0
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.auto is None:
+            self.auto = trainer.log_every_n_steps == LIGHTNING_LOG_EVERY_N_STEPS
+        if not self.auto:
+            return
+        trainer.log_every_n_steps = 1  # until an iteration's size is known
+        self._pending = True
+        self._start_steps = pl_module.global_counters[pl_module.budget_counter]
+        self._iterations = 0
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *_: Any) -> None:
+        self._iterations += 1
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *_: Any) -> None:
+        if not self._pending or not self._iterations:
+            return
+        self._pending = False
+        per_iteration = (pl_module.global_counters[pl_module.budget_counter] - self._start_steps) / self._iterations
+        lengths = []
+        total = getattr(pl_module, "total_env_steps", None)
+        if total and per_iteration > 0:
+            lengths.append(math.ceil(total / per_iteration))
+        if trainer.max_steps > 0:
+            lengths.append(trainer.max_steps)
+        max_epochs = trainer.fit_loop.max_epochs
+        if max_epochs is not None and max_epochs > 0 and math.isfinite(trainer.num_training_batches):
+            lengths.append(max_epochs * int(trainer.num_training_batches))
+        trainer.log_every_n_steps = (
+            default_log_every_n_steps(min(lengths)) if lengths else LIGHTNING_LOG_EVERY_N_STEPS
+        )
 
 
 def reduce_fx_for(path: str) -> str:
