@@ -14,7 +14,7 @@ from lightning_rl import A2C, PPO
 from lightning_rl.evaluation import evaluate
 from lightning_rl.functional import discounted_returns
 from lightning_rl.nn.normalization import RunningMeanStd
-from tests.conftest import fit_in_halves, quiet_trainer
+from tests.conftest import fit_in_halves, quiet_trainer, sample_once
 
 SCALE, SHIFT = 1000.0, 500.0
 
@@ -147,8 +147,9 @@ def test_each_flag_changes_only_its_part():
     obs_only, rew_only = normalized_ppo(normalize_rewards=False), normalized_ppo(normalize_observations=False)
     assert obs_only.policy.return_rms is None and rew_only.policy.obs_rms is None
     quiet_trainer(max_epochs=1, limit_train_batches=2).fit(obs_only)
-    assert obs_only.policy.obs_rms.count.item() > 0 and "discounted_returns" not in obs_only.default_datamodule.sample(
-    ).policy_batches["default_policy"]
+    assert obs_only.policy.obs_rms.count.item() > 0
+    assert "discounted_returns" not in sample_once(obs_only).policy_batches["default_policy"]
+    assert "discounted_returns" in sample_once(normalized_ppo()).policy_batches["default_policy"]
     clip = normalized_ppo(observation_clip=0.5).policy.obs_rms
     assert clip.normalize(torch.full((1, 4), 9.0)).tolist() == [[0.5] * 4]
     with pytest.raises(ValueError, match="normalization clip must be positive"):
