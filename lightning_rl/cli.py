@@ -126,6 +126,9 @@ def quiet_known_warnings(argv: list[str]) -> None:
     avoided at their source; each by its exact message."""
     # pytorch_lightning's own pytree helper on newer torch: nothing a user can act on.
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+    # Our learner info is logged across epochs (and on each epoch's last iteration), so an epoch
+    # shorter than log_every_n_steps loses nothing, unlike what this says.
+    warnings.filterwarnings("ignore", message=r"The number of training batches \(\d+\) is smaller than the logging")
     if argv[:1] and argv[0] in ("validate", "test", "predict"):
         # Restoring a fit's ModelCheckpoint state into a new run's directory: nothing is saved here.
         warnings.filterwarnings("ignore", message=r"The dirpath has changed from")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import os
 import sys
 import warnings
 from os import PathLike
@@ -33,6 +34,16 @@ PathLikeStr = str | PathLike[str]
 
 
 # ----------------------------------------------------------------------------- envs
+def headless_sdl() -> None:
+    """Render off-screen: pygame (classic control's renderer) initialises SDL's video and audio,
+    which on a machine without a display or sound server prints errors such as
+    "XDG_RUNTIME_DIR is invalid". Frames are drawn to surfaces, so SDL's dummy drivers serve;
+    a driver the user chose is kept."""
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+    os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
+    os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
+
+
 def make_render_env(env: EnvSpec) -> gym.Env:
     """One env that renders ``rgb_array`` frames, from a registered id or a zero-argument callable.
 
@@ -41,6 +52,7 @@ def make_render_env(env: EnvSpec) -> gym.Env:
     ``render_mode`` is ``"rgb_array"`` (e.g. ``lambda: gym.make("CartPole-v1",
     render_mode="rgb_array")``), else ``ValueError``.
     """
+    headless_sdl()
     if isinstance(env, str | GymMake):
         make = GymMake(env) if isinstance(env, str) else env
         check_env(make.env_id)

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -101,3 +103,29 @@ def test_a_bad_env_is_named_not_reported_as_a_union_mismatch(env, message, capsy
     err = capsys.readouterr().err
     assert exit_info.value.code == 2
     assert message in err and "Union" not in err
+
+
+def warning_lines(stderr: str) -> list[str]:
+    """Python warnings (``path.py:LINE: message``, Lightning's format, or ``...Warning:``) and SDL's
+    display/audio errors, as printed on stderr."""
+    pattern = re.compile(r"\.py:\d+: |Warning\b|XDG_RUNTIME_DIR|ALSA|error:", re.IGNORECASE)
+    return [line for line in stderr.splitlines() if pattern.search(line)]
+
+
+def test_a_normal_fit_validate_and_record_print_no_warnings(tmp_path):
+    config = ROOT / "examples" / "configs" / "ppo_cartpole.yaml"
+    fit = lightning_rl("fit", "-c", str(config), "--model.init_args.total_env_steps", "512",
+                       "--model.init_args.evaluation_num_episodes", "2", "--trainer.default_root_dir", str(tmp_path),
+                       cwd=tmp_path)
+    assert not warning_lines(fit.stderr), fit.stderr[-4000:]
+    (ckpt,) = (tmp_path / "lightning_logs").glob("version_0/checkpoints/*.ckpt")
+    validate = lightning_rl("validate", "--ckpt_path", str(ckpt), "--trainer.default_root_dir", str(tmp_path / "val"),
+                            cwd=tmp_path)
+    assert not warning_lines(validate.stderr), validate.stderr[-4000:]
+    env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "SDL_VIDEODRIVER", "SDL_AUDIODRIVER")}
+    record = subprocess.run([sys.executable, "-m", "lightning_rl.cli", "record", "--ckpt_path", str(ckpt), "--out",
+                             str(tmp_path / "a.gif"), "--num_episodes", "1"], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=300, env=env)
+    assert record.returncode == 0, record.stderr[-4000:]
+    assert (tmp_path / "a.gif").stat().st_size > 0
+    assert not warning_lines(record.stderr + record.stdout), record.stderr[-4000:]
