@@ -16,6 +16,7 @@ import torch._dynamo.utils as dynamo_utils
 from lightning_rl import A2C, DQN, PPO, SAC
 from lightning_rl.algorithms.base import NonFiniteLossError
 from tests.conftest import quiet_trainer
+from tests.space_envs import CueMatch, binary_cue_match
 from tests.test_non_finite import SMALL_PPO, bad_env
 
 # Every flag the compiled step reads: schedules (lr, clip), KL penalty, value clipping, entropy,
@@ -28,12 +29,17 @@ CONFIGS = {
                       total_env_steps=20 * 20)),
     "ppo_pendulum": (PPO, dict(env="Pendulum-v1", num_envs=2, rollout_fragment_length=32, num_sgd_iter=2,
                                sgd_minibatch_size=32, hiddens=(16,), total_env_steps=5 * 64)),
+    # Dict observations with MultiDiscrete (with start) and MultiBinary actions (issue 15)
+    "ppo_multi_discrete": (PPO, dict(env=CueMatch, num_envs=4, rollout_fragment_length=16, num_sgd_iter=2,
+                                     sgd_minibatch_size=32, hiddens=(16,), entropy_coeff=0.01, total_env_steps=5 * 64)),
+    "a2c_multi_binary": (A2C, dict(env=binary_cue_match, num_envs=4, rollout_fragment_length=5, hiddens=(16,),
+                                   total_env_steps=10 * 20)),
     "dqn": (DQN, dict(num_envs=2, learning_starts=32, train_freq=8, num_gradient_steps=2, train_batch_size=16,
                       hiddens=(32,), prioritized_replay=True, lr_schedule="linear", total_env_steps=96)),
     "sac": (SAC, dict(env="Pendulum-v1", learning_starts=32, train_batch_size=16, hiddens=(16,),
                       prioritized_replay=True, total_env_steps=40)),
 }
-GRAPHS = {"ppo": 1, "a2c": 1, "ppo_pendulum": 1, "dqn": 1, "sac": 3}
+GRAPHS = {"ppo": 1, "a2c": 1, "ppo_pendulum": 1, "ppo_multi_discrete": 1, "a2c_multi_binary": 1, "dqn": 1, "sac": 3}
 
 
 def fit(model, ckpt_path=None, **trainer_kwargs):
@@ -99,6 +105,7 @@ FALLBACK = textwrap.dedent("""
     import warnings, torch
     from lightning_rl import PPO
     from tests.conftest import quiet_trainer
+from tests.space_envs import CueMatch, binary_cue_match
     kwargs = dict(num_envs=2, rollout_fragment_length=16, sgd_minibatch_size=16, num_sgd_iter=2, hiddens=(8,),
                   total_env_steps=64, seed=0)
     eager = PPO(**kwargs)

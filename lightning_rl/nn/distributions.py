@@ -70,15 +70,18 @@ class DiagGaussian:
         return 0.5 * (var_ratio + t1 - 1 - 2 * (self.log_std - other.log_std)).sum(-1)
 
 
-@functools.cache
 def _padding_index(nvec: tuple[int, ...], device: torch.device) -> Tensor:
     """``[k, max(nvec)]`` positions in ``[*component logits, -inf]``: component ``i``'s logit
     ``j``, or the trailing -inf where ``j >= nvec[i]``."""
+    offsets = torch.tensor([0, *nvec[:-1]]).cumsum(0)
+    j = torch.arange(max(nvec))
+    return torch.where(j < torch.tensor(nvec)[:, None], offsets[:, None] + j, sum(nvec)).to(device)
+
+
+@functools.cache
+def _cached_padding_index(nvec: tuple[int, ...], device: torch.device) -> Tensor:
     with torch.inference_mode(False):  # cached: a normal tensor, usable later under autograd
-        offsets = torch.tensor([0, *nvec[:-1]]).cumsum(0)
-        j = torch.arange(max(nvec))
-        index = torch.where(j < torch.tensor(nvec)[:, None], offsets[:, None] + j, sum(nvec))
-        return index.to(device)
+        return _padding_index(nvec, device)
 
 
 class MultiCategorical:
@@ -94,7 +97,9 @@ class MultiCategorical:
             padded = logits.reshape(*logits.shape[:-1], k, width)
         else:  # components of unequal size: pad each to the widest with -inf (probability 0)
             padded = torch.cat([logits, logits.new_full((*logits.shape[:-1], 1), -math.inf)], -1)
-            padded = padded[..., _padding_index(tuple(nvec), logits.device)]
+            # A compiled graph holds the index as a constant; eager calls reuse a cached one.
+            index = (_padding_index if torch.compiler.is_compiling() else _cached_padding_index)
+            padded = padded[..., index(tuple(nvec), logits.device)]
         self.logits = padded - padded.logsumexp(-1, keepdim=True)  # [N, k, width]
         self.start = start
 
