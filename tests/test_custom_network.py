@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 from torch import nn
 
-from lightning_rl import A2C, IMPALA, PPO
+from lightning_rl import A2C, A3C, APPO, IMPALA, PPO
 from lightning_rl.nn.encoders import resolve_activation
 from tests.conftest import fit_in_halves, quiet_trainer
 
@@ -97,7 +97,7 @@ def test_encoder_errors_name_the_encoder_and_the_problem():
         PPO(env="CartPole-v1", encoder={"class_path": "torch.nn.Identity", "args": {}})
 
 
-@pytest.mark.parametrize("algo", [A2C, IMPALA])
+@pytest.mark.parametrize("algo", [A2C, IMPALA, APPO, A3C])
 def test_other_actor_critics_take_an_encoder(algo):
     model = algo(env="CartPole-v1", encoder=TwoLayerEncoder, seed=0)
     assert len(encoders_of(model)) == 2
@@ -168,3 +168,19 @@ def test_encoder_from_yaml_trains_validates_records_and_resumes(tmp_path):
     resumed = [torch.load(c, weights_only=True)["lightning_rl"]["global_counters"]["num_env_steps_sampled"]
                for c in tmp_path.glob("lightning_logs/version_1/checkpoints/*.ckpt")]
     assert max(resumed) > 512, resumed  # continued past the checkpoint's 512 steps
+
+
+@pytest.mark.timeout(120)
+def test_sampler_workers_run_the_encoder():
+    """A3C's worker processes get a copy of the policy, encoder included, and send its gradients."""
+    from tests.test_async import children
+    from tests.test_env_faults import live_pids
+
+    before = set(children())
+    model = A3C(env="CartPole-v1", encoder=TwoLayerEncoder, num_workers=1, num_envs=2, rollout_fragment_length=5,
+                seed=0, total_env_steps=None, sampler_timeout_s=30.0)
+    start = encoders_of(model)[0].net[0].weight.detach().clone()
+    quiet_trainer(max_epochs=1, limit_train_batches=3).fit(model)
+    assert not live_pids([p for p in children() if p not in before], grace_s=3.0)
+    assert model.counters["num_grad_updates"] == 3
+    assert not torch.equal(encoders_of(model)[0].net[0].weight, start)  # the workers' gradients reached it

@@ -154,6 +154,10 @@ def test_each_flag_changes_only_its_part():
     assert clip.normalize(torch.full((1, 4), 9.0)).tolist() == [[0.5] * 4]
     with pytest.raises(ValueError, match="normalization clip must be positive"):
         normalized_ppo(observation_clip=0.0)
+    # reward_clip bounds the scaled reward: 9 / std 1 is clipped to 2 (the default 10 keeps 9)
+    clipped = normalized_ppo(reward_clip=2.0).policy.return_rms
+    assert clipped.scale_only(torch.tensor([9.0, -9.0])).tolist() == [2.0, -2.0]
+    assert normalized_ppo().policy.return_rms.scale_only(torch.tensor([9.0])).tolist() == [9.0]
 
 
 def test_scaled_cartpole_solved_with_normalized_observations():

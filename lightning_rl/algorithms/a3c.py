@@ -20,6 +20,7 @@ from lightning_rl.batch import DEFAULT_POLICY_ID, MultiAgentBatch
 from lightning_rl.data.async_gradients import GRADS, A3CDataModule
 from lightning_rl.data.envs import EnvSpec
 from lightning_rl.learner_info import LEARNER_STATS_KEY, LearnerInfoBuilder
+from lightning_rl.nn.encoders import Activation, EncoderSpec
 from lightning_rl.nn.models import ActorCritic
 
 
@@ -76,9 +77,10 @@ class A3C(RLModule):
         entropy_coeff: float = 0.0,
         optimizer: Literal["rmsprop", "adam"] = "rmsprop",
         hiddens: Sequence[int] = (64, 64),
-        activation: str = "tanh",
+        activation: Activation = "tanh",
         vf_share_layers: bool = False,
         log_std_init: float = 0.0,
+        encoder: EncoderSpec = None,
     ) -> None:
         super().__init__(
             env=env, env_kwargs=env_kwargs, total_env_steps=total_env_steps, seed=seed, num_cpu_threads=num_cpu_threads,
@@ -105,7 +107,8 @@ class A3C(RLModule):
             if seed is not None:
                 torch.manual_seed(seed)
             self.policies[DEFAULT_POLICY_ID] = ActorCritic(
-                self.observation_space, self.action_space, hiddens, activation, vf_share_layers, log_std_init
+                self.observation_space, self.action_space, hiddens, activation, vf_share_layers, log_std_init,
+                encoder=encoder,
             )
 
     def configure_optimizers(self) -> Any:
