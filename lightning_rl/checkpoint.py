@@ -95,10 +95,40 @@ def resolve_algorithm(name: str) -> type[RLModule]:
     )
 
 
+def builtin_algorithm(cls: type) -> type:
+    """The first lightning_rl algorithm in ``cls``'s MRO (``PPO`` for a user's ``class MyPPO(PPO)``)."""
+    return next(c for c in cls.__mro__ if c.__module__.startswith("lightning_rl."))
+
+
+def base_algorithm_path(checkpoint: dict[str, Any]) -> str | None:
+    """``module.Class`` of the lightning_rl algorithm the writing class derives from, when recorded."""
+    return checkpoint.get("lightning_rl", {}).get("base_algorithm")
+
+
 def algorithm_class(checkpoint: dict[str, Any]) -> type[RLModule] | None:
-    """The algorithm class that wrote the checkpoint, from the registry (``None`` if unrecorded)."""
+    """The algorithm class that wrote the checkpoint, from the registry (``None`` if unrecorded).
+
+    A subclass not defined in this process (one defined in a training script's ``__main__``,
+    which ``record`` or ``validate`` cannot see) is loaded as the lightning_rl algorithm it
+    derives from, with a warning: the weights and hyperparameters are the same, the subclass's
+    own methods are not run. Nothing is imported because the file names it."""
     name = algorithm_path(checkpoint)
-    return resolve_algorithm(name) if name else None
+    if not name:
+        return None
+    try:
+        return resolve_algorithm(name)
+    except CheckpointError:
+        base = base_algorithm_path(checkpoint)
+        if not base or base == name:
+            raise
+    cls = resolve_algorithm(base)
+    warnings.warn(
+        f"algorithm {name!r} is not defined in this process: loading it as the lightning_rl algorithm it derives "
+        f"from, {cls.__name__} (its weights and hyperparameters; the subclass's own methods are not run). Import "
+        "the module that defines it first to use them",
+        stacklevel=2,
+    )
+    return cls
 
 
 def check_compatible(path: str | PathLike[str], module: torch.nn.Module) -> dict[str, Any]:
@@ -106,7 +136,7 @@ def check_compatible(path: str | PathLike[str], module: torch.nn.Module) -> dict
     checkpoint = read_checkpoint(path)
     written_by = algorithm_path(checkpoint)
     expected = class_path(type(module))
-    if written_by is not None and written_by != expected:
+    if written_by is not None and expected not in (written_by, base_algorithm_path(checkpoint)):
         raise CheckpointError(f"checkpoint {str(path)!r} was written by {written_by}, not {expected}")
     missing = set(module.state_dict()) ^ set(checkpoint["state_dict"])
     if missing:

@@ -7,6 +7,7 @@ import functools
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import gymnasium as gym
@@ -18,6 +19,7 @@ from torch import nn
 
 from lightning_rl import A2C, A3C, APPO, IMPALA, PPO
 from lightning_rl.nn.encoders import resolve_activation
+from lightning_rl.recording import load_model
 from tests.conftest import fit_in_halves, quiet_trainer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -184,3 +186,44 @@ def test_sampler_workers_run_the_encoder():
     assert not live_pids([p for p in children() if p not in before], grace_s=3.0)
     assert model.counters["num_grad_updates"] == 3
     assert not torch.equal(encoders_of(model)[0].net[0].weight, start)  # the workers' gradients reached it
+
+
+def test_a_subclass_defined_in_a_training_script_records_and_validates(tmp_path):
+    """A ``class MyPPO(PPO)`` in a script's ``__main__`` is not defined in ``record``'s or
+    ``validate``'s process: its checkpoint loads as PPO (same weights), with a warning naming it."""
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        from lightning_rl import PPO
+        from tests.conftest import quiet_trainer
+
+        class MyPPO(PPO):
+            pass
+
+        model = MyPPO(env="CartPole-v1", num_envs=2, rollout_fragment_length=16, sgd_minibatch_size=16, seed=0)
+        trainer = quiet_trainer(max_epochs=1, limit_train_batches=2)
+        trainer.fit(model)
+        trainer.save_checkpoint("my.ckpt")
+    """))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        proc = subprocess.run([sys.executable, *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        return proc
+
+    run(str(script))
+    saved = torch.load(tmp_path / "my.ckpt", weights_only=True)["lightning_rl"]
+    assert saved["algorithm"] == "__main__.MyPPO" and saved["base_algorithm"] == "lightning_rl.algorithms.ppo.PPO"
+    recorded = run("-m", "lightning_rl.cli", "record", "--ckpt_path", "my.ckpt", "--out", "a.gif", "--num-episodes",
+                   "1", "--max-frames", "30")
+    assert "'__main__.MyPPO' is not defined in this process: loading it as" in recorded.stderr
+    assert Image.open(tmp_path / "a.gif").n_frames > 1
+    validated = run("-m", "lightning_rl.cli", "validate", "--ckpt_path", "my.ckpt", "--trainer.enable_progress_bar",
+                    "false", "--trainer.logger", "false", "--model.evaluation_num_episodes", "2")
+    assert "val/episode_return_mean" in validated.stdout
+    with pytest.warns(UserWarning, match="MyPPO"):
+        loaded = load_model(tmp_path / "my.ckpt")
+    assert type(loaded) is PPO
+    weights = torch.load(tmp_path / "my.ckpt", weights_only=True)["state_dict"]
+    assert torch.equal(loaded.policy.pi_head.weight.detach(), weights["policies.default_policy.pi_head.weight"])

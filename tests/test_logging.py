@@ -136,6 +136,7 @@ def test_progress_bar_counts_env_steps_toward_the_budget_across_epochs(tmp_path,
     assert "1536/1536 env steps" in out
     last = out.replace("\r", "\n").strip().splitlines()[-1]
     assert "return=" in last and "steps/s" in last and "v_num" not in last and "env_steps=" not in last
+    assert re.search(r"\[\d+:\d+<\d+:\d+", last), last  # elapsed<ETA, from tqdm's known total
 
 
 def test_progress_bar_without_a_budget_counts_without_a_total(tmp_path, capsys):

@@ -33,6 +33,7 @@ from lightning_rl import inference
 from lightning_rl.batch import DEFAULT_POLICY_ID, MultiAgentBatch
 from lightning_rl.checkpoint import (
     CheckedCheckpointIO,
+    builtin_algorithm,
     callable_placeholder,
     check_not_placeholder,
     class_path,
@@ -657,6 +658,7 @@ class RLModule(pl.LightningModule):
         dm_state = self.default_datamodule.state_dict() if self.default_datamodule is not None else None
         checkpoint["lightning_rl"] = {
             "algorithm": class_path(type(self)),
+            "base_algorithm": class_path(builtin_algorithm(type(self))),
             "global_counters": dict(self.global_counters),
             "ranks": pack_rank_states(local, interrupted),
             "datamodule": dm_state,
