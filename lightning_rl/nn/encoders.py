@@ -29,6 +29,8 @@ import gymnasium as gym
 import torch
 from torch import nn
 
+from lightning_rl.checkpoint import check_not_placeholder
+
 ACTIVATIONS: dict[str, type[nn.Module]] = {
     "tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "silu": nn.SiLU, "swish": nn.SiLU, "gelu": nn.GELU,
     "leaky_relu": nn.LeakyReLU, "mish": nn.Mish, "softplus": nn.Softplus, "sigmoid": nn.Sigmoid,
@@ -78,6 +80,7 @@ def resolve_activation(activation: Activation) -> type[nn.Module]:
     if isinstance(activation, type) and issubclass(activation, nn.Module):
         return activation
     if isinstance(activation, str):
+        check_not_placeholder("activation", activation)  # a class a checkpoint could not name
         if activation.lower() in ACTIVATIONS:
             return ACTIVATIONS[activation.lower()]
         if "." in activation:
@@ -116,6 +119,7 @@ def encoder_factory(encoder: EncoderSpec) -> Callable[[gym.Space], nn.Module] | 
     if encoder is None or callable(encoder):
         return encoder
     if isinstance(encoder, str):
+        check_not_placeholder("encoder", encoder)  # a factory a checkpoint could not name: pass it again
         encoder = {"class_path": encoder}
     if not isinstance(encoder, dict) or "class_path" not in encoder:
         raise ValueError(f"encoder must be an nn.Module factory, its import path or a mapping with class_path "
