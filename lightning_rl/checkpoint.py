@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from lightning_fabric.plugins import CheckpointIO
+from pytorch_lightning.trainer.states import TrainerFn
 
 from lightning_rl.distributed import gather_to_rank_zero
 
@@ -131,12 +132,18 @@ def algorithm_class(checkpoint: dict[str, Any]) -> type[RLModule] | None:
     return cls
 
 
-def check_compatible(path: str | PathLike[str], module: torch.nn.Module) -> dict[str, Any]:
-    """Raise ``CheckpointError`` naming ``path`` unless it is a readable checkpoint of ``type(module)``."""
+def check_compatible(path: str | PathLike[str], module: torch.nn.Module, resuming: bool = True) -> dict[str, Any]:
+    """Raise ``CheckpointError`` naming ``path`` unless it is a readable checkpoint of ``type(module)``.
+
+    Outside a resumed fit (``validate``, ``test``, ``predict``) a checkpoint of a subclass that
+    is not defined in this process also fits the algorithm it derives from (see
+    ``algorithm_class``); a resumed fit continues only the class that wrote it."""
     checkpoint = read_checkpoint(path)
     written_by = algorithm_path(checkpoint)
     expected = class_path(type(module))
-    if written_by is not None and expected not in (written_by, base_algorithm_path(checkpoint)):
+    as_base = (not resuming and base_algorithm_path(checkpoint) == expected
+               and written_by not in algorithm_registry())
+    if written_by is not None and written_by != expected and not as_base:
         raise CheckpointError(f"checkpoint {str(path)!r} was written by {written_by}, not {expected}")
     missing = set(module.state_dict()) ^ set(checkpoint["state_dict"])
     if missing:
@@ -161,7 +168,9 @@ class CheckedCheckpointIO(CheckpointIO):
 
     def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
         # Read on the CPU: Lightning moves weights and optimizer state to the module's device.
-        return check_compatible(path, self.module)
+        trainer = getattr(self.module, "_trainer", None)
+        resuming = trainer is None or trainer.state.fn == TrainerFn.FITTING
+        return check_compatible(path, self.module, resuming)
 
     def remove_checkpoint(self, path: Any) -> None:
         self.inner.remove_checkpoint(path)

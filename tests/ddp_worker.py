@@ -163,8 +163,9 @@ def main(out: Path, mode: str) -> None:
         model = IMPALA(env="CartPole-v1", use_lstm=True, max_seq_len=4, lstm_cell_size=16, hiddens=(16,),
                        num_workers=0, num_envs=2, rollout_fragment_length=8, train_batch_size=16,
                        total_env_steps=2 * 16 * 4, vectorization="sync", **common)
-    elif mode == "normalize":  # observation and reward statistics merged over both ranks' batches
+    elif mode == "normalize":  # observation and reward statistics merged over both ranks' batches; a user encoder
         model = PPO(env="CartPole-v1", normalize_observations=True, normalize_rewards=True, num_envs=2,
+                    encoder="tests.test_custom_network.TwoLayerEncoder",
                     rollout_fragment_length=16, sgd_minibatch_size=16, num_sgd_iter=2, total_env_steps=2 * 32 * 4,
                     **common)
     elif mode == "spaces":  # Dict observations (flattened at the envs), MultiDiscrete actions with a start
@@ -210,6 +211,7 @@ def main(out: Path, mode: str) -> None:
         "affinity_during": recorder.affinity,
         "affinity_after": affinity(),
         "params": params.tolist(),
+        "param_names": [name for name, _ in model.named_parameters()],
         "buffers": {name: b.double().flatten().tolist() for name, b in model.named_buffers()},
         "rows": recorder.rows,
         "first_obs": recorder.first_obs,

@@ -96,8 +96,10 @@ def test_a_crafted_checkpoint_runs_no_code_in_cli_validate(crafted, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "lightning_rl.cli", "validate", "--ckpt_path", str(path),
                            "--trainer.logger", "false"], env=env, capture_output=True, text=True, timeout=240,
                           cwd=tmp_path)
-    assert proc.returncode != 0
-    assert "evil_mod.PPO" in proc.stderr and "is not defined in this process" in proc.stderr
+    # evil_mod.PPO is not defined here: the file is validated as the PPO it records as its base, with a
+    # warning naming it (as a __main__ subclass's checkpoint is), and evil_mod is never imported
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "'evil_mod.PPO' is not defined in this process: loading it as" in proc.stderr
     assert not marker.exists()
 
 

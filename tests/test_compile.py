@@ -105,7 +105,6 @@ FALLBACK = textwrap.dedent("""
     import warnings, torch
     from lightning_rl import PPO
     from tests.conftest import quiet_trainer
-from tests.space_envs import CueMatch, binary_cue_match
     kwargs = dict(num_envs=2, rollout_fragment_length=16, sgd_minibatch_size=16, num_sgd_iter=2, hiddens=(8,),
                   total_env_steps=64, seed=0)
     eager = PPO(**kwargs)

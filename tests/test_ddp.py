@@ -166,14 +166,16 @@ def test_multi_agent_policy_with_rows_on_one_rank_only(tmp_path, mode):
 
 
 def test_normalization_statistics_identical_on_both_ranks_and_global(tmp_path):
-    """normalize_observations/normalize_rewards under DDP: every update merges both ranks' rows
-    (one all-reduce), so the statistics are the same on both ranks and count every row sampled."""
+    """normalize_observations/normalize_rewards under DDP, with a user encoder: every update merges
+    both ranks' rows (one all-reduce), so the statistics are the same on both ranks and count every
+    row sampled; the encoder's weights are identical on both."""
     r0, r1, _ = run_ddp(tmp_path, "normalize", timeout=300)
     assert r0["buffers"] == r1["buffers"] and r0["params"] == r1["params"]
     assert r0["rows"] != r1["rows"] or r0["first_obs"] != r1["first_obs"]  # different data on each rank
     obs_count = r0["buffers"]["policies.default_policy.obs_rms.count"][0]
     assert obs_count == r0["rows"] + r1["rows"] == r0["buffers"]["policies.default_policy.return_rms.count"][0]
     assert r0["buffers"]["policies.default_policy.obs_rms.var"] != [1.0] * 4
+    assert any(".net.0.weight" in name for name in r0["param_names"])  # the user's encoder, identical too
 
 
 @pytest.mark.parametrize(("mode", "updates"), [("lstm", 4 * 2 * 2), ("lstm_impala", 4)])
