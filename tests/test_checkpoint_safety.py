@@ -212,3 +212,19 @@ def test_seed_none_is_random():
     seeded = [PPO(**SMALL).default_datamodule.generator.get_state() for _ in range(2)]
     assert torch.equal(*seeded)
 
+
+
+@pytest.mark.parametrize("kwargs", [dict(), dict(use_lstm=True)], ids=["mlp", "lstm"])
+def test_seeded_weights_do_not_depend_on_torch_thread_count(kwargs):
+    """Orthogonal init's QR decomposition differs in the last bit with the thread count; a seed
+    must give the same network whatever torch.set_num_threads was when it was built."""
+    threads = torch.get_num_threads()
+    try:
+        built = []
+        for n in (1, 2, 4):
+            torch.set_num_threads(n)
+            model = PPO(env="CartPole-v1", seed=0, **kwargs)
+            built.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(built[0], b) for b in built[1:])

@@ -51,12 +51,24 @@ def mlp(in_dim: int, hiddens: Sequence[int], activation: Activation, first: Sequ
     return MLP(*layers)
 
 
+def orthogonal_(weight: Tensor, gain: float) -> None:
+    """``nn.init.orthogonal_`` on one thread: the last bits of its QR decomposition depend on
+    torch's thread count, and a seeded run must not (1 ulp in a 64x64 layer grows into a
+    different run)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        nn.init.orthogonal_(weight, gain)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _init_linear(module: nn.Module, gain: float) -> None:
     # Orthogonal init (Saxe et al. 2014) as in the PPO reference implementations:
     # sqrt(2) for hidden layers, 0.01 for the policy head, 1 for the value head.
     for m in module.modules():
         if isinstance(m, nn.Linear):
-            nn.init.orthogonal_(m.weight, gain)
+            orthogonal_(m.weight, gain)
             nn.init.zeros_(m.bias)
 
 

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_rl.nn.encoders import Activation
-from lightning_rl.nn.models import ActorCritic, _init_linear, preprocess_obs
+from lightning_rl.nn.models import ActorCritic, _init_linear, orthogonal_, preprocess_obs
 
 __all__ = ["RecurrentActorCritic"]
 
@@ -64,7 +64,7 @@ class RecurrentActorCritic(ActorCritic):
         for lstm in (self.pi_lstm, self.vf_lstm):
             if lstm is not None:  # orthogonal weights and zero biases, as CleanRL's LSTM PPO
                 for name, param in lstm.named_parameters():
-                    (nn.init.orthogonal_(param, math.sqrt(2)) if "weight" in name else nn.init.zeros_(param))
+                    (orthogonal_(param, math.sqrt(2)) if "weight" in name else nn.init.zeros_(param))
 
     @property
     def state_size(self) -> int:
