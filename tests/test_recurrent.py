@@ -50,15 +50,16 @@ def lstm_ppo(**kwargs) -> PPO:
 
 def test_sampling_resets_the_state_exactly_at_episode_starts():
     """Countdown(5) under next-step autoreset: per env, rows t = 0..4 are an episode, t = 5 the
-    reset step, t = 6..10 the next episode, t = 11 a reset step. The state is zeroed at t = 0,
-    at each reset step and at the first step after it; the sampled outputs at those rows equal
-    a zero state's, and elsewhere they need the carried state."""
+    reset step, t = 6..10 the next episode, t = 11 a reset step. The state is zeroed at t = 0 and
+    at the first step after each reset step (the reset step holds the ended episode's final
+    observation and carries its state); the sampled outputs at those rows equal a zero state's,
+    and elsewhere they need the carried state."""
     model = lstm_ppo()
     batch = default_batch(model)
     starts = batch["episode_starts"].reshape(-1, 4)  # sequences of 4, env after env within each chunk
     # sequence s = (chunk c, env n): rows t = 4c .. 4c + 3 of env n
     by_env = {n: torch.cat([starts[c * 2 + n] for c in range(3)]).tolist() for n in range(2)}
-    expected = [True, False, False, False, False, True, True, False, False, False, False, True]
+    expected = [True, False, False, False, False, False, True, False, False, False, False, False]
     assert by_env == {0: expected, 1: expected}
     policy = model.policies["default_policy"]
     with torch.no_grad():

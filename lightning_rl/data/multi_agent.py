@@ -114,7 +114,7 @@ class MultiAgentEnvDataModule(EnvDataModule):
     """Steps ``num_envs`` copies of a PettingZoo parallel env together, each policy acting for
     all its live agents in one forward. What the agents' steps become is the subclass's:
     ``act`` chooses a policy's actions, ``record`` keeps one agent step, ``drop`` hears of an
-    agent the env removed at an episode end without a done flag. Episode returns are the
+    agent the env removed without a done flag. Episode returns are the
     team's (summed over agents); ``policy_returns`` has each policy's share."""
 
     def __init__(
@@ -222,12 +222,22 @@ class MultiAgentEnvDataModule(EnvDataModule):
     def record(self, i: int, agent: str, policy_id: str, row: dict[str, Any], next_obs: Any) -> None:
         """Keep one step of ``agent`` in env ``i``: ``row`` holds the observation it acted in, the
         outputs of ``act``, ``rewards``, ``terminateds`` and ``truncateds``; ``next_obs`` is what
-        it observes next (``None`` if the env gave it none)."""
+        it observes next (``None`` if the env gave it none: a truncated agent then bootstraps from
+        the observation it acted in, see ``drop``)."""
         raise NotImplementedError
 
     def drop(self, i: int, agent: str, policy_id: str) -> None:
-        """The episode of env ``i`` ended while ``agent`` had no done flag: cut its trajectory
-        at its current observation (a truncation)."""
+        """``agent`` acted in env ``i`` at this step and the env removed it from ``agents``
+        without a done flag (mid-episode, or at the episode's end): cut its trajectory here, as
+        a truncation bootstrapped from its latest observation (``self._obs[i][agent]``).
+
+        PettingZoo removes an agent only after a terminated or truncated flag (its
+        ``parallel_api_test`` asserts it), so such an env is off the API; without a termination
+        the agent's return did not end, so it is not valued as terminal. Its latest observation
+        is the one the env gave with this step, or, with none, the one it acted in: RLlib's
+        ``MultiAgentEpisode`` likewise repeats an agent's last observation when it ends without a
+        new one, and a truncated agent without a next observation bootstraps the same way. Every
+        sampler does this alike: PPO's and A2C's GAE, IMPALA's and APPO's V-trace, DQN's n-step."""
 
     def step_all(self) -> tuple[int, int]:
         """One step of every env; returns ``(env steps, agent steps)`` taken."""
@@ -265,6 +275,10 @@ class MultiAgentEnvDataModule(EnvDataModule):
             for agent in obs:  # new agents may join mid-episode
                 self._returns[i].setdefault(agent, 0.0)
             self._obs[i] = {**self._obs[i], **obs}
+            live = set(env.agents)
+            for agent in actions[i]:  # removed without a done flag: cut here (see ``drop``)
+                if agent not in live and not (terminations.get(agent, False) or truncations.get(agent, False)):
+                    self.drop(i, agent, self.policy_mapping_fn(agent))
             if not env.agents:  # the episode is over for everyone
                 self._end_episode(i)
         return resets + sum(1 for a in actions if a), sum(len(a) for a in actions)
@@ -379,7 +393,8 @@ class MultiAgentRolloutDataModule(MultiAgentEnvDataModule):
         trajectory.rows.append(row)
         terminated, truncated = row[SampleBatch.TERMINATEDS], row[SampleBatch.TRUNCATEDS]
         if terminated or truncated:  # the agent left: its segment ends here
-            self._segments.append((policy_id, trajectory.rows, next_obs, truncated and not terminated))
+            final = row[SampleBatch.OBS] if next_obs is None else next_obs  # as ``drop`` says
+            self._segments.append((policy_id, trajectory.rows, final, truncated and not terminated))
             del self._trajectories[(i, agent)]
 
     def open_agents(self, i: int) -> list[str]:

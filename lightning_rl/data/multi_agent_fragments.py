@@ -14,13 +14,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import torch
 
 from lightning_rl.batch import SampleBatch
 from lightning_rl.data.multi_agent import MultiAgentEnvDataModule
 
-__all__ = ["MultiAgentFragmentSampler", "split_policy_columns"]
+__all__ = ["MultiAgentFragmentSampler", "split_policy_columns", "valid_point"]
 
 VALID, BOOTSTRAP_OBS = "valid", "bootstrap_obs"  # as data/async_sampling.py names them
 
@@ -32,6 +33,16 @@ def split_policy_columns(tensors: dict[str, torch.Tensor]) -> dict[str, dict[str
         pid, column = key.rsplit("/", 1)
         out.setdefault(pid, {})[column] = value
     return out
+
+
+def valid_point(space: gym.Space, dtype: torch.dtype) -> torch.Tensor:
+    """One fixed element of ``space``: a Discrete's or MultiDiscrete's ``start``, a Box's zeros
+    clipped into its bounds, zeros otherwise (MultiBinary)."""
+    if isinstance(space, gym.spaces.Discrete | gym.spaces.MultiDiscrete):
+        return torch.as_tensor(np.asarray(space.start)).to(dtype)
+    if isinstance(space, gym.spaces.Box):
+        return torch.as_tensor(np.clip(np.zeros(space.shape), space.low, space.high)).to(dtype)
+    return torch.zeros(space.shape or (), dtype=dtype)
 
 
 class MultiAgentFragmentSampler(MultiAgentEnvDataModule):
@@ -85,6 +96,14 @@ class MultiAgentFragmentSampler(MultiAgentEnvDataModule):
     def fragment(self) -> tuple[dict[str, torch.Tensor], int]:
         """One fragment of every policy (``{"<policy>/<column>": tensor}``) and the agent steps in it."""
         self._cols = {k: torch.zeros(shape, dtype=dtype) for k, (shape, dtype) in self.fragment_columns().items()}
+        for pid, (obs_space, action_space) in self.policy_spaces.items():
+            # Rows where an agent did not act are masked, but the learner's forward still reads them
+            # (and its one-hot of ``obs - start``, a MultiDiscrete action's log-prob): they hold a
+            # valid observation and action of the policy's spaces, not zeros that may lie below a start.
+            for key, space in ((SampleBatch.OBS, obs_space), (BOOTSTRAP_OBS, obs_space),
+                               (SampleBatch.ACTIONS, action_space)):
+                column = self._cols[f"{pid}/{key}"]
+                column[:] = valid_point(space, column.dtype)
         self._final: dict[tuple[int, str], Any] = {}  # agents that left at the last step: their final observation
         agent_steps = 0
         with torch.inference_mode():

@@ -103,8 +103,7 @@ class RolloutDataModule(EnvDataModule):
             actions = out[SampleBatch.ACTIONS].cpu()
             _, rewards[t], terminateds[t], truncateds[t], valid[t] = self.step_envs(actions.numpy())
             if recurrent:
-                self._next_recurrent_inputs(state_out.cpu(), actions, rewards[t], terminateds[t] | truncateds[t],
-                                            valid[t])
+                self._next_recurrent_inputs(state_out.cpu(), actions, rewards[t], valid[t])
         rollout = SampleBatch(
             {
                 SampleBatch.OBS: obs_buf,
@@ -132,10 +131,14 @@ class RolloutDataModule(EnvDataModule):
                 PREV_REWARDS: torch.zeros(N, dtype=torch.float32)}
 
     def _next_recurrent_inputs(self, state: torch.Tensor, actions: torch.Tensor, rewards: np.ndarray,
-                               done: np.ndarray, valid: np.ndarray) -> None:
-        # An episode starts at the reset step after a done (next-step autoreset) and at the first
-        # real step after that reset step: the state is zeroed at both.
-        starts = torch.from_numpy(done | ~valid)
+                               valid: np.ndarray) -> None:
+        # The inputs of the next row. After a done, that row is the reset step of next-step
+        # autoreset: it holds the ended episode's final observation, whose value is what a
+        # truncation bootstraps from, so it continues the episode (its state, the last action and
+        # reward). The episode starts at the first real step after it (``valid`` False now): the
+        # state, previous action and reward are zeroed there, as Stable-Baselines3's RecurrentPPO
+        # values a final observation with the state its episode carried.
+        starts = torch.from_numpy(~valid)
         keep = ~starts
         self._recurrent = {
             STATE_IN: state,
