@@ -12,7 +12,8 @@ import pytest
 import torch
 from pettingzoo import ParallelEnv
 
-from lightning_rl import APPO, IMPALA, PPO
+from lightning_rl import APPO, DQN, IMPALA, PPO
+from lightning_rl.batch import SampleBatch
 from tests.conftest import quiet_trainer, sample_once
 from tests.multi_agent_envs import by_agent
 
@@ -154,3 +155,33 @@ def test_ppo_and_impala_bootstrap_an_agent_removed_without_a_flag_or_an_observat
             _, _, values, bootstrap_value, _ = impala.time_major_forward(pid, cols, None)
             vs, _ = impala.vtrace_targets(cols, cols["action_logp"], values, bootstrap_value)
         assert float(vs[last_t, 0]) == pytest.approx(expected, rel=1e-5)
+
+
+class StartedDiscreteActions(Started):
+    """``Started`` with ``Discrete(2)`` actions for both agents (what DQN takes)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._action_spaces["multi"] = gym.spaces.Discrete(2)
+
+
+@pytest.mark.parametrize("algo", [PPO, DQN])
+def test_ddp_placeholder_rows_are_valid_points_of_spaces_that_start_above_zero(algo):
+    """A DDP rank without rows of a policy steps on a placeholder batch: its observations and
+    actions lie in the policy's spaces, so the loss runs on ``Discrete(start=2)`` and
+    ``MultiDiscrete(start=...)`` observations (zeros would one-hot ``0 - start``)."""
+    kwargs = dict(num_envs=2, rollout_fragment_length=8, sgd_minibatch_size=8) if algo is PPO else {}
+    env = Started if algo is PPO else StartedDiscreteActions
+    model = algo(env=env, policies=["p_disc", "p_multi"], policy_mapping_fn=by_agent, seed=0, hiddens=(8,), **kwargs)
+    for pid in ("p_disc", "p_multi"):
+        obs_space, action_space = model.policy_spaces[pid]
+        batch = model.placeholder_batch(pid)
+        for o in batch[SampleBatch.OBS]:
+            assert obs_space.contains(o.numpy().astype(obs_space.dtype)), (pid, o)
+        if algo is DQN:
+            for a in batch[SampleBatch.ACTIONS]:
+                assert action_space.contains(a.numpy().astype(action_space.dtype)), (pid, a)
+            loss, _ = model.loss(pid, batch)
+        else:
+            loss, _ = model.loss(pid, batch, scalars=model.loss_scalars(pid))
+        assert torch.isfinite(loss)

@@ -20,6 +20,7 @@ from lightning_rl.batch import MultiAgentBatch, SampleBatch
 from lightning_rl.data.envs import EnvSpec
 from lightning_rl.data.multi_agent_replay import MultiAgentReplayDataModule
 from lightning_rl.data.replay import ReplayDataModule
+from lightning_rl.data.spaces import valid_point
 from lightning_rl.distributed import all_reduce_max
 from lightning_rl.learner_info import LEARNER_STATS_KEY, LearnerInfoBuilder
 
@@ -173,14 +174,15 @@ class OffPolicyModule(RLModule):
         return self.num_gradient_steps * self.train_batch_size * len(set(policy_ids) - placeholders)
 
     def placeholder_batch(self, policy_id: str) -> SampleBatch:
-        """``train_batch_size`` rows of a transition of zeros with importance weight 0: what a DDP
+        """``train_batch_size`` rows of one valid transition with importance weight 0: what a DDP
         rank without transitions of a policy steps on (its gradient is zero; the all-reduce
         averages the others')."""
         obs_space, action_space = self.policy_spaces[policy_id]
         n = self.train_batch_size
-        obs = torch.zeros((n, *(obs_space.shape or ())), dtype=torch.float32, device=self.device)
-        actions = torch.zeros((n, *(action_space.shape or ())), device=self.device,
-                              dtype=torch.float32 if isinstance(action_space, gym.spaces.Box) else torch.int64)
+        # valid points of the spaces, not zeros: a Discrete observation's one-hot reads ``obs - start``
+        obs = valid_point(obs_space, torch.float32).to(self.device).expand(n, *(obs_space.shape or ())).clone()
+        action_dtype = torch.float32 if isinstance(action_space, gym.spaces.Box) else torch.int64
+        actions = valid_point(action_space, action_dtype).to(self.device).expand(n, *(action_space.shape or ())).clone()
         zeros = torch.zeros(n, device=self.device)
         return SampleBatch({
             SampleBatch.OBS: obs, SampleBatch.ACTIONS: actions, SampleBatch.REWARDS: zeros,

@@ -21,6 +21,7 @@ from lightning_rl.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
 from lightning_rl.data.envs import EnvSpec
 from lightning_rl.data.multi_agent import MultiAgentRolloutDataModule
 from lightning_rl.data.rollout import DISCOUNTED_RETURNS, RolloutDataModule
+from lightning_rl.data.spaces import valid_point
 from lightning_rl.distributed import all_reduce_max, sum_over_ranks
 from lightning_rl.functional import gae_batch, gae_sequences, moments, standardized
 from lightning_rl.learner_info import LEARNER_STATS_KEY, LearnerInfoBuilder
@@ -303,10 +304,11 @@ class OnPolicyModule(RLModule):
             policy.return_rms.update(returns, mask, reduce)
 
     def placeholder_batch(self, policy_id: str) -> SampleBatch:
-        """One all-zero row with a zero ``mask``: what a DDP rank without rows of a policy steps on."""
+        """One row of a valid observation with a zero ``mask``: what a DDP rank without rows of a policy steps on."""
         obs_space = self.policy_spaces[policy_id][0]
         with torch.no_grad():
-            obs = torch.zeros((1, *obs_space.shape), dtype=torch.float32, device=self.device)
+            # a valid observation, not zeros: a Discrete observation's one-hot reads ``obs - start``
+            obs = valid_point(obs_space, torch.float32).to(self.device).expand(1, *(obs_space.shape or ())).clone()
             actions = self.policies[policy_id].compute_actions(obs, explore=False)[SampleBatch.ACTIONS]
         zeros = torch.zeros(1, device=self.device)
         return SampleBatch({

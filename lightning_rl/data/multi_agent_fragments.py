@@ -14,14 +14,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 import torch
 
 from lightning_rl.batch import SampleBatch
 from lightning_rl.data.multi_agent import MultiAgentEnvDataModule
+from lightning_rl.data.spaces import valid_point
 
-__all__ = ["MultiAgentFragmentSampler", "split_policy_columns", "valid_point"]
+__all__ = ["MultiAgentFragmentSampler", "split_policy_columns"]
 
 VALID, BOOTSTRAP_OBS = "valid", "bootstrap_obs"  # as data/async_sampling.py names them
 
@@ -33,16 +33,6 @@ def split_policy_columns(tensors: dict[str, torch.Tensor]) -> dict[str, dict[str
         pid, column = key.rsplit("/", 1)
         out.setdefault(pid, {})[column] = value
     return out
-
-
-def valid_point(space: gym.Space, dtype: torch.dtype) -> torch.Tensor:
-    """One fixed element of ``space``: a Discrete's or MultiDiscrete's ``start``, a Box's zeros
-    clipped into its bounds, zeros otherwise (MultiBinary)."""
-    if isinstance(space, gym.spaces.Discrete | gym.spaces.MultiDiscrete):
-        return torch.as_tensor(np.asarray(space.start)).to(dtype)
-    if isinstance(space, gym.spaces.Box):
-        return torch.as_tensor(np.clip(np.zeros(space.shape), space.low, space.high)).to(dtype)
-    return torch.zeros(space.shape or (), dtype=dtype)
 
 
 class MultiAgentFragmentSampler(MultiAgentEnvDataModule):

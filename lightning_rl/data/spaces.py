@@ -16,6 +16,7 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+import torch
 
 __all__ = [
     "FlattenObservation",
@@ -26,6 +27,7 @@ __all__ = [
     "flatten_vector_env",
     "is_raw_observation",
     "is_structured",
+    "valid_point",
 ]
 
 SUPPORTED = "use Box, Discrete, MultiDiscrete, MultiBinary, or Dict/Tuple of them"
@@ -169,3 +171,13 @@ def flatten_vector_env(envs: gym.vector.VectorEnv) -> gym.vector.VectorEnv:
 def is_raw_observation(obs: Any) -> bool:
     """Whether ``obs`` is a structured (mapping or tuple) observation rather than an array."""
     return isinstance(obs, Mapping | tuple)
+
+
+def valid_point(space: gym.Space, dtype: torch.dtype) -> torch.Tensor:
+    """One fixed element of ``space``: a Discrete's or MultiDiscrete's ``start``, a Box's zeros
+    clipped into its bounds, zeros otherwise (MultiBinary)."""
+    if isinstance(space, gym.spaces.Discrete | gym.spaces.MultiDiscrete):
+        return torch.as_tensor(np.asarray(space.start)).to(dtype)
+    if isinstance(space, gym.spaces.Box):
+        return torch.as_tensor(np.clip(np.zeros(space.shape), space.low, space.high)).to(dtype)
+    return torch.zeros(space.shape or (), dtype=dtype)
