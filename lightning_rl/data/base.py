@@ -197,8 +197,9 @@ class EnvDataModule(pl.LightningDataModule):
         self._steps = int(mine["steps"])
         if "unsupported" in mine["envs"]:
             warnings.warn(
-                f"the checkpoint holds no env state ({mine['envs']['unsupported']}): the envs were reset and the "
-                "run continues from fresh episodes, so it will not match an uninterrupted run exactly",
+                f"the checkpoint holds no env state of {self.env!r} ({mine['envs']['unsupported']}): the envs were "
+                "reset and the run continues from fresh, re-seeded episodes, so it will not match an uninterrupted "
+                "run exactly",
                 stacklevel=2,
             )
             self.restart_episodes(rank_seed(self.seed, self.rank), self._steps)
