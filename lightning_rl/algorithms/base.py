@@ -40,7 +40,7 @@ from lightning_rl.checkpoint import (
     pack_rank_states,
     unpack_rank_state,
 )
-from lightning_rl.data.base import EnvDataModule, new_generator, rank_seed
+from lightning_rl.data.base import EnvDataModule, new_generator, policy_state, rank_seed
 from lightning_rl.data.envs import EnvSpec, env_spaces, env_spec
 from lightning_rl.data.multi_agent import agent_spaces, is_multi_agent_env, policy_spaces
 from lightning_rl.data.spaces import flatten_observation, flatten_observation_space, is_raw_observation, is_structured
@@ -287,7 +287,16 @@ class RLModule(pl.LightningModule):
     def build_policies(self, make: Callable[..., nn.Module], **defaults: Any) -> None:
         """One network per policy, ``make(observation_space, action_space, **settings)``: the
         algorithm's ``defaults`` overridden by the policy's own settings (``policies={id: {...}}``),
-        initialised from ``seed`` without touching torch's global RNG."""
+        initialised from ``seed`` without touching torch's global RNG. A policy's settings may only
+        override ``defaults``: any other (``normalize_observations`` where the algorithm never
+        updates the statistics, a misspelled name) is a ``ValueError`` naming it."""
+        for policy_id, settings in self.policy_config.items():
+            unknown = sorted(set(settings) - set(defaults))
+            if unknown:
+                raise ValueError(
+                    f"policies[{policy_id!r}] sets {', '.join(unknown)}, which {type(self).__name__} does not take per "
+                    f"policy; its per-policy settings are {', '.join(sorted(defaults))}"
+                )
         with torch.random.fork_rng():
             if self.seed is not None:
                 torch.manual_seed(self.seed)
@@ -296,15 +305,18 @@ class RLModule(pl.LightningModule):
                 self.policies[policy_id] = make(obs_space, action_space, **settings)
 
     def sampling_policy(self, policy_id: str, device: torch.device) -> nn.Module:
-        """The policy on ``device`` for sampling: itself, or a copy refreshed after each iteration."""
+        """The policy on ``device`` for sampling: itself, or a copy (in eval mode) whose
+        parameters and buffers are refreshed after each iteration."""
         policy = self.policies[policy_id]
         if device == self.device:  # the policies live on the module's device (cheaper than asking a parameter)
             return policy
         version, policy_copy = self._sampling_copies.get((policy_id, device), (-1, None))
         if policy_copy is None:
-            policy_copy = copy.deepcopy(policy).to(device)
+            policy_copy = copy.deepcopy(policy).to(device).eval()
         if version != self._weights_version:
-            policy_copy.load_state_dict(policy.state_dict())
+            with torch.no_grad():
+                for target, source in zip(policy_state(policy_copy), policy_state(policy), strict=True):
+                    target.copy_(source)
             self._sampling_copies[(policy_id, device)] = (self._weights_version, policy_copy)
         return policy_copy
 

@@ -55,7 +55,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from lightning_rl.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
-from lightning_rl.data.base import EnvDataModule, rank_seed
+from lightning_rl.data.base import EnvDataModule, policy_state, rank_seed
 from lightning_rl.data.envs import EnvSpec, close_vector_env, describe_exit_code, make_vector_env, stop_processes
 from lightning_rl.data.multi_agent_fragments import MultiAgentFragmentSampler, split_policy_columns
 from lightning_rl.data.rollout import RolloutDataModule
@@ -146,22 +146,23 @@ class FragmentTask:
 
 
 class _SharedWeights:
-    """The policy's parameters as one flat shared tensor, with a sequence lock: odd while the
-    learner writes. ``version`` is the learner iteration the weights are from."""
+    """The policy's whole state, parameters and buffers (BatchNorm statistics, observation
+    normalizers...), as shared tensors with a sequence lock: odd while the learner writes.
+    ``version`` is the learner iteration the state is from."""
 
     def __init__(self, policy: nn.Module) -> None:
-        flat = torch.nn.utils.parameters_to_vector([p.detach().cpu() for p in policy.parameters()])
-        self.flat = flat.clone().share_memory_()
+        self.tensors = [t.detach().cpu().clone().share_memory_() for t in policy_state(policy)]
         self.seq = torch.zeros(2, dtype=torch.int64).share_memory_()  # [sequence, version]
 
     def write(self, policy: nn.Module, version: int) -> None:
         self.seq[0] += 1
-        self.flat.copy_(torch.nn.utils.parameters_to_vector([p.detach().cpu() for p in policy.parameters()]))
+        for shared, tensor in zip(self.tensors, policy_state(policy), strict=True):
+            shared.copy_(tensor.detach())
         self.seq[1] = version
         self.seq[0] += 1
 
     def read_into(self, policy: nn.Module, have: int) -> int:
-        """Copy newer weights than version ``have`` into ``policy``; returns the version it has."""
+        """Copy a newer state than version ``have`` into ``policy``; returns the version it has."""
         while True:
             start = int(self.seq[0])
             version = int(self.seq[1])
@@ -170,9 +171,11 @@ class _SharedWeights:
                     time.sleep(0.0005)
                     continue
                 return have
-            flat = self.flat.clone()
+            snapshot = [t.clone() for t in self.tensors]
             if int(self.seq[0]) == start:
-                torch.nn.utils.vector_to_parameters(flat, list(policy.parameters()))
+                with torch.no_grad():
+                    for tensor, value in zip(policy_state(policy), snapshot, strict=True):
+                        tensor.copy_(value)
                 return version
 
 

@@ -12,6 +12,7 @@ import numpy as np
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.trainer.states import TrainerStatus
+from torch import nn
 from torch.utils.data import DataLoader, IterableDataset
 
 from lightning_rl.batch import MultiAgentBatch
@@ -50,6 +51,13 @@ def new_generator(seed: int | None, device: torch.device | str = "cpu") -> torch
     else:
         generator.manual_seed(seed)
     return generator
+
+
+def policy_state(policy: nn.Module) -> list[torch.Tensor]:
+    """Every tensor a policy computes with, in a fixed order: its parameters, then its buffers
+    (BatchNorm statistics, observation normalizers; non-persistent ones too). What a copy of
+    the policy that acts elsewhere (a sampler worker, another device) must receive."""
+    return [*policy.parameters(), *policy.buffers()]
 
 
 class _Iterations(IterableDataset):
