@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Iterator
 from itertools import islice
@@ -60,6 +61,21 @@ def policy_state(policy: nn.Module) -> list[torch.Tensor]:
     return [*policy.parameters(), *policy.buffers()]
 
 
+@contextlib.contextmanager
+def eval_mode(module: nn.Module) -> Iterator[None]:
+    """Run ``module`` in eval mode (Dropout off, BatchNorm reading its running statistics
+    without updating them), then give every submodule back the mode it had: acting is eval
+    mode everywhere, the learner trains in the modes it set."""
+    training = [m for m in module.modules() if m.training]
+    if training:
+        module.eval()
+    try:
+        yield
+    finally:
+        for m in training:
+            m.training = True
+
+
 class _Iterations(IterableDataset):
     """``iterations_per_epoch`` batches per epoch; env state carries across epochs."""
 
@@ -71,7 +87,11 @@ class _Iterations(IterableDataset):
 
     def __iter__(self) -> Iterator[MultiAgentBatch]:
         for _ in range(len(self)):
-            yield self.datamodule.sample()
+            # Sampling acts with the learner's own policies (when on its device): in eval mode,
+            # value estimates for bootstrapping included; training then runs in its own modes.
+            with eval_mode(self.datamodule.module.policies):
+                batch = self.datamodule.sample()
+            yield batch
 
 
 class EnvDataModule(pl.LightningDataModule):
