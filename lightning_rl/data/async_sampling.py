@@ -337,6 +337,10 @@ class AsyncSamplingDataModule(EnvDataModule):
         self.multi_agent = policy_mapping_fn is not None
         self.minibatch_buffer = MinibatchBuffer(self._next_batch, minibatch_buffer_size, num_sgd_iter)
         self.counters = {"num_worker_restarts": 0, "num_fragments_dropped": 0}
+        # The loader thread and the learner's both count and both talk to the workers: a restart
+        # (new pipes, every slot handed to the new worker) and a slot handed back are one step each.
+        self._counters_lock = threading.Lock()
+        self._pool_lock = threading.RLock()
         self._local: RolloutDataModule | None = None
         self._active = False
         self._workers: list[Any] = []
@@ -491,7 +495,7 @@ class AsyncSamplingDataModule(EnvDataModule):
                 continue
             if not self._too_old(int(self._batch_versions(batch).min())):
                 break
-            self.counters["num_fragments_dropped"] += self.fragments_per_batch  # loaded before the learner moved on
+            self._count("num_fragments_dropped", self.fragments_per_batch)  # loaded before the learner moved on
         batch.info["perf"]["learner_wait_ms"] = 1000.0 * (time.perf_counter() - start)
         return batch
 
@@ -567,7 +571,7 @@ class AsyncSamplingDataModule(EnvDataModule):
                             sample_s += seconds
                             per_worker_steps[index] += self.num_envs * self.rollout_fragment_length
                             if self._too_old(version):
-                                self.counters["num_fragments_dropped"] += 1
+                                self._count("num_fragments_dropped", 1)
                             else:
                                 waiting.append(fragment)
                     except (EOFError, OSError):  # the worker died: _check_workers names it
@@ -612,12 +616,18 @@ class AsyncSamplingDataModule(EnvDataModule):
     def release(self, index: int, slot: int, incarnation: int | None = None) -> None:
         """Hand slot ``slot`` back to worker ``index`` (it may sample into it again); not if the
         worker was restarted since ``incarnation`` (its successor got all its slots at start)."""
-        if incarnation is not None and incarnation != self._restarts[index]:
-            return
-        try:
-            self._conns[index][0].send(slot)
-        except (OSError, TypeError):  # that worker just died (or was replaced): the slot is its successor's
-            pass
+        with self._pool_lock:  # no restart between the check and the send: its successor has the slot already
+            if incarnation is not None and incarnation != self._restarts[index]:
+                return
+            try:
+                self._conns[index][0].send(slot)
+            except (OSError, TypeError):  # that worker just died: the slot is its successor's
+                pass
+
+    def _count(self, name: str, n: int) -> None:
+        """Add ``n`` to a counter (``+=`` on a dict entry is a read then a write: two threads count)."""
+        with self._counters_lock:
+            self.counters[name] += n
 
     def on_episodes(self, index: int, episodes: dict[str, list]) -> None:
         """Hook (loader thread): worker ``index`` finished these episodes."""
@@ -655,9 +665,10 @@ class AsyncSamplingDataModule(EnvDataModule):
             self._raise_sent_error(i)  # an env error it sent before exiting names the env, not "died"
             if not self.restart_failed_workers:
                 raise RuntimeError(f"sampler worker {i} (pid {process.pid}) died: {describe_exit_code(code)}")
-            self._restarts[i] += 1
-            self.counters["num_worker_restarts"] += 1
-            self._spawn(i)
+            with self._pool_lock:
+                self._restarts[i] += 1
+                self._spawn(i)
+            self._count("num_worker_restarts", 1)
 
     # ------------------------------------------------------------ shutdown
     def close(self, terminate: bool = False) -> None:
@@ -681,7 +692,9 @@ class AsyncSamplingDataModule(EnvDataModule):
         """The fault counters and, with ``num_workers=0``, the learner process's own sampler
         (envs, RNG: exact resume). Workers' envs live in other processes and are not saved."""
         local = self._local.state_dict() if self.num_workers == 0 and self._local is not None else None
-        return {"counters": dict(self.counters), "local": local}
+        with self._counters_lock:
+            counters = dict(self.counters)
+        return {"counters": counters, "local": local}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.counters.update(state.get("counters", {}))
