@@ -1,6 +1,6 @@
-"""Box2D envs (the ``box2d`` extra): their state lives in C structs, so checkpoints cannot hold it;
-fit and every checkpoint save still succeed, and a resume restarts the envs from re-seeded
-episodes with one warning naming the env and the attribute."""
+"""Box2D envs (the ``box2d`` extra, part of the ``test`` extra): their state lives in C structs,
+so checkpoints cannot hold it; fit and every checkpoint save still succeed, and a resume restarts
+the envs from re-seeded episodes with one warning naming the env and the attribute."""
 
 from __future__ import annotations
 
@@ -12,8 +12,6 @@ from pytorch_lightning.callbacks import ModelCheckpoint
 
 from lightning_rl import PPO
 from tests.conftest import quiet_trainer
-
-pytest.importorskip("Box2D", reason="the box2d extra")
 
 pytestmark = pytest.mark.timeout(180)
 
