@@ -207,6 +207,92 @@ def test_state_held_in_c_objects_is_unsupported(env: type, where: str) -> None:
     assert str(err.value).startswith(where + " ")
 
 
+class _NoModuleMeta(type):
+    """A metaclass whose classes have no ``__module__``, as SWIG's ``SwigPyObject`` (Box2D) has none."""
+
+    def __getattribute__(cls, name: str) -> Any:
+        if name == "__module__":
+            raise AttributeError("__module__")
+        return super().__getattribute__(name)
+
+
+class _SwigLike(metaclass=_NoModuleMeta):
+    """State held in C, in a type without ``__module__``: no ``__dict__`` to capture."""
+
+    __slots__ = ()
+
+
+class _PlainNoModule(metaclass=_NoModuleMeta):
+    """A plain Python object whose type has no ``__module__``: its attributes are its state."""
+
+    def __init__(self) -> None:
+        self.hits = 0
+
+
+class _RaisingDict:
+    """Looking at its attributes raises: an unexpected error while capturing."""
+
+    @property
+    def __dict__(self) -> dict:
+        raise RuntimeError("attributes unavailable")
+
+
+class _HoldsSwigLike(Walker):
+    def __init__(self) -> None:
+        super().__init__()
+        self.world = {"body": _SwigLike()}
+
+
+class _HoldsRaising(Walker):
+    def __init__(self) -> None:
+        super().__init__()
+        self.handle = _RaisingDict()
+
+
+class _HoldsPlainNoModule(Walker):
+    def __init__(self) -> None:
+        super().__init__()
+        self.counter = _PlainNoModule()
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
+        self.counter.hits += 1
+        obs, reward, terminated, truncated, info = super().step(action)
+        return obs, reward + self.counter.hits, terminated, truncated, info
+
+
+def test_a_type_without_module_is_named_without_it() -> None:
+    with pytest.raises(AttributeError):
+        getattr(_SwigLike, "__module__")  # noqa: B009 (the double really lacks it)
+    envs = make_vector_env(_HoldsSwigLike, 2, "sync")
+    with pytest.raises(UnsupportedEnvState) as err:
+        capture_env_state(envs)
+    assert str(err.value) == "envs.env.envs[0].world['body']: _SwigLike is not plain data and has no __dict__"
+    envs.close()
+
+
+def test_any_error_while_capturing_is_unsupported_state_naming_the_path() -> None:
+    envs = make_vector_env(_HoldsRaising, 2, "sync")
+    with pytest.raises(UnsupportedEnvState, match=r"^envs\.env\.envs\[0\]\.handle: RuntimeError while capturing: "
+                                                  "attributes unavailable$"):
+        capture_env_state(envs)
+    envs.close()
+
+
+def test_a_plain_object_of_a_type_without_module_is_captured_and_restored() -> None:
+    a, b = make_vector_env(_HoldsPlainNoModule, 2, "sync"), make_vector_env(_HoldsPlainNoModule, 2, "sync")
+    a.reset(seed=0)
+    b.reset(seed=1)
+    for _ in range(7):
+        a.step(np.ones(2, dtype=np.int64))
+    restore_env_state(b, through_checkpoint(capture_env_state(a)))
+    assert b.unwrapped.envs[1].counter.hits == 7
+    for _ in range(5):
+        for x, y in zip(a.step(np.ones(2, dtype=np.int64)), b.step(np.ones(2, dtype=np.int64))):
+            np.testing.assert_array_equal(x, y)
+    a.close()
+    b.close()
+
+
 class _CreatesFile:
     """Unpickling this creates ``path``: the payload a malicious checkpoint would carry."""
 

@@ -34,7 +34,8 @@ class A3C(RLModule):
     learner sets it as the parameters' gradient, clips it to ``grad_clip`` and steps its own
     optimizer. There is no ``manual_backward`` on the learner: the backward passes ran in the
     workers. The worker then reads the new weights (its own update included) before its next
-    rollout; ``perf/policy_lag_*`` is the staleness, learner updates since the weights a
+    rollout; ``perf/policy_lag_*`` is the staleness: learner iterations (not optimizer steps:
+    an iteration applies every packet already there, one step each) since the weights a
     gradient was computed with. ``num_workers=0`` computes each gradient in the learner
     process (synchronous: A2C on one rollout per step).
 

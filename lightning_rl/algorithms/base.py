@@ -10,6 +10,7 @@ their own.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import logging
@@ -40,7 +41,7 @@ from lightning_rl.checkpoint import (
     pack_rank_states,
     unpack_rank_state,
 )
-from lightning_rl.data.base import EnvDataModule, new_generator, rank_seed
+from lightning_rl.data.base import EnvDataModule, eval_mode, new_generator, policy_state, rank_seed
 from lightning_rl.data.envs import EnvSpec, env_spaces, env_spec
 from lightning_rl.data.multi_agent import agent_spaces, is_multi_agent_env, policy_spaces
 from lightning_rl.data.spaces import flatten_observation, flatten_observation_space, is_raw_observation, is_structured
@@ -287,7 +288,16 @@ class RLModule(pl.LightningModule):
     def build_policies(self, make: Callable[..., nn.Module], **defaults: Any) -> None:
         """One network per policy, ``make(observation_space, action_space, **settings)``: the
         algorithm's ``defaults`` overridden by the policy's own settings (``policies={id: {...}}``),
-        initialised from ``seed`` without touching torch's global RNG."""
+        initialised from ``seed`` without touching torch's global RNG. A policy's settings may only
+        override ``defaults``: any other (``normalize_observations`` where the algorithm never
+        updates the statistics, a misspelled name) is a ``ValueError`` naming it."""
+        for policy_id, settings in self.policy_config.items():
+            unknown = sorted(set(settings) - set(defaults))
+            if unknown:
+                raise ValueError(
+                    f"policies[{policy_id!r}] sets {', '.join(unknown)}, which {type(self).__name__} does not take per "
+                    f"policy; its per-policy settings are {', '.join(sorted(defaults))}"
+                )
         with torch.random.fork_rng():
             if self.seed is not None:
                 torch.manual_seed(self.seed)
@@ -296,15 +306,19 @@ class RLModule(pl.LightningModule):
                 self.policies[policy_id] = make(obs_space, action_space, **settings)
 
     def sampling_policy(self, policy_id: str, device: torch.device) -> nn.Module:
-        """The policy on ``device`` for sampling: itself, or a copy refreshed after each iteration."""
+        """The policy on ``device`` for sampling: itself, or a copy (in eval mode) whose
+        parameters and buffers are refreshed after each iteration. Act with it in eval mode
+        (``policy_outputs`` and the DataModules' sampling do)."""
         policy = self.policies[policy_id]
         if device == self.device:  # the policies live on the module's device (cheaper than asking a parameter)
             return policy
         version, policy_copy = self._sampling_copies.get((policy_id, device), (-1, None))
         if policy_copy is None:
-            policy_copy = copy.deepcopy(policy).to(device)
+            policy_copy = copy.deepcopy(policy).to(device).eval()
         if version != self._weights_version:
-            policy_copy.load_state_dict(policy.state_dict())
+            with torch.no_grad():
+                for target, source in zip(policy_state(policy_copy), policy_state(policy), strict=True):
+                    target.copy_(source)
             self._sampling_copies[(policy_id, device)] = (self._weights_version, policy_copy)
         return policy_copy
 
@@ -326,12 +340,15 @@ class RLModule(pl.LightningModule):
         ``[N, *obs_shape]``, computed on ``device`` (a refreshed copy when the policy lives
         elsewhere) with the algorithm's exploration when ``explore``. ``inputs``: what a
         recurrent policy reads besides the observation (``state_in``, ``episode_starts``...);
-        it then returns ``state_out`` too."""
+        it then returns ``state_out`` too. The policy acts in eval mode (Dropout off, BatchNorm
+        not updated); its submodules' modes are restored after."""
         device = self.device if device is None else torch.device(device)
         policy = self.sampling_policy(policy_id, device)
         kwargs = self.exploration_kwargs(policy_id) if explore else {}
         kwargs.update({k: v.to(device) for k, v in (inputs or {}).items()})
-        return policy.compute_actions(obs.to(device), explore=explore, generator=generator, **kwargs)
+        # (sampling puts the policies in eval mode once per iteration: no per-step walk of the submodules)
+        with eval_mode(policy) if policy.training else contextlib.nullcontext():
+            return policy.compute_actions(obs.to(device), explore=explore, generator=generator, **kwargs)
 
     def is_recurrent(self, policy_id: str = DEFAULT_POLICY_ID) -> bool:
         """Whether the policy carries a state between steps (``use_lstm``)."""

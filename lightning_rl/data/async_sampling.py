@@ -55,7 +55,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from lightning_rl.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
-from lightning_rl.data.base import EnvDataModule, rank_seed
+from lightning_rl.data.base import EnvDataModule, policy_state, rank_seed
 from lightning_rl.data.envs import EnvSpec, close_vector_env, describe_exit_code, make_vector_env, stop_processes
 from lightning_rl.data.multi_agent_fragments import MultiAgentFragmentSampler, split_policy_columns
 from lightning_rl.data.rollout import RolloutDataModule
@@ -146,22 +146,23 @@ class FragmentTask:
 
 
 class _SharedWeights:
-    """The policy's parameters as one flat shared tensor, with a sequence lock: odd while the
-    learner writes. ``version`` is the learner iteration the weights are from."""
+    """The policy's whole state, parameters and buffers (BatchNorm statistics, observation
+    normalizers...), as shared tensors with a sequence lock: odd while the learner writes.
+    ``version`` is the learner iteration the state is from."""
 
     def __init__(self, policy: nn.Module) -> None:
-        flat = torch.nn.utils.parameters_to_vector([p.detach().cpu() for p in policy.parameters()])
-        self.flat = flat.clone().share_memory_()
+        self.tensors = [t.detach().cpu().clone().share_memory_() for t in policy_state(policy)]
         self.seq = torch.zeros(2, dtype=torch.int64).share_memory_()  # [sequence, version]
 
     def write(self, policy: nn.Module, version: int) -> None:
         self.seq[0] += 1
-        self.flat.copy_(torch.nn.utils.parameters_to_vector([p.detach().cpu() for p in policy.parameters()]))
+        for shared, tensor in zip(self.tensors, policy_state(policy), strict=True):
+            shared.copy_(tensor.detach())
         self.seq[1] = version
         self.seq[0] += 1
 
     def read_into(self, policy: nn.Module, have: int) -> int:
-        """Copy newer weights than version ``have`` into ``policy``; returns the version it has."""
+        """Copy a newer state than version ``have`` into ``policy``; returns the version it has."""
         while True:
             start = int(self.seq[0])
             version = int(self.seq[1])
@@ -170,9 +171,11 @@ class _SharedWeights:
                     time.sleep(0.0005)
                     continue
                 return have
-            flat = self.flat.clone()
+            snapshot = [t.clone() for t in self.tensors]
             if int(self.seq[0]) == start:
-                torch.nn.utils.vector_to_parameters(flat, list(policy.parameters()))
+                with torch.no_grad():
+                    for tensor, value in zip(policy_state(policy), snapshot, strict=True):
+                        tensor.copy_(value)
                 return version
 
 
@@ -334,6 +337,10 @@ class AsyncSamplingDataModule(EnvDataModule):
         self.multi_agent = policy_mapping_fn is not None
         self.minibatch_buffer = MinibatchBuffer(self._next_batch, minibatch_buffer_size, num_sgd_iter)
         self.counters = {"num_worker_restarts": 0, "num_fragments_dropped": 0}
+        # The loader thread and the learner's both count and both talk to the workers: a restart
+        # (new pipes, every slot handed to the new worker) and a slot handed back are one step each.
+        self._counters_lock = threading.Lock()
+        self._pool_lock = threading.RLock()
         self._local: RolloutDataModule | None = None
         self._active = False
         self._workers: list[Any] = []
@@ -488,7 +495,7 @@ class AsyncSamplingDataModule(EnvDataModule):
                 continue
             if not self._too_old(int(self._batch_versions(batch).min())):
                 break
-            self.counters["num_fragments_dropped"] += self.fragments_per_batch  # loaded before the learner moved on
+            self._count("num_fragments_dropped", self.fragments_per_batch)  # loaded before the learner moved on
         batch.info["perf"]["learner_wait_ms"] = 1000.0 * (time.perf_counter() - start)
         return batch
 
@@ -564,7 +571,7 @@ class AsyncSamplingDataModule(EnvDataModule):
                             sample_s += seconds
                             per_worker_steps[index] += self.num_envs * self.rollout_fragment_length
                             if self._too_old(version):
-                                self.counters["num_fragments_dropped"] += 1
+                                self._count("num_fragments_dropped", 1)
                             else:
                                 waiting.append(fragment)
                     except (EOFError, OSError):  # the worker died: _check_workers names it
@@ -609,12 +616,18 @@ class AsyncSamplingDataModule(EnvDataModule):
     def release(self, index: int, slot: int, incarnation: int | None = None) -> None:
         """Hand slot ``slot`` back to worker ``index`` (it may sample into it again); not if the
         worker was restarted since ``incarnation`` (its successor got all its slots at start)."""
-        if incarnation is not None and incarnation != self._restarts[index]:
-            return
-        try:
-            self._conns[index][0].send(slot)
-        except (OSError, TypeError):  # that worker just died (or was replaced): the slot is its successor's
-            pass
+        with self._pool_lock:  # no restart between the check and the send: its successor has the slot already
+            if incarnation is not None and incarnation != self._restarts[index]:
+                return
+            try:
+                self._conns[index][0].send(slot)
+            except (OSError, TypeError):  # that worker just died: the slot is its successor's
+                pass
+
+    def _count(self, name: str, n: int) -> None:
+        """Add ``n`` to a counter (``+=`` on a dict entry is a read then a write: two threads count)."""
+        with self._counters_lock:
+            self.counters[name] += n
 
     def on_episodes(self, index: int, episodes: dict[str, list]) -> None:
         """Hook (loader thread): worker ``index`` finished these episodes."""
@@ -652,9 +665,10 @@ class AsyncSamplingDataModule(EnvDataModule):
             self._raise_sent_error(i)  # an env error it sent before exiting names the env, not "died"
             if not self.restart_failed_workers:
                 raise RuntimeError(f"sampler worker {i} (pid {process.pid}) died: {describe_exit_code(code)}")
-            self._restarts[i] += 1
-            self.counters["num_worker_restarts"] += 1
-            self._spawn(i)
+            with self._pool_lock:
+                self._restarts[i] += 1
+                self._spawn(i)
+            self._count("num_worker_restarts", 1)
 
     # ------------------------------------------------------------ shutdown
     def close(self, terminate: bool = False) -> None:
@@ -678,7 +692,9 @@ class AsyncSamplingDataModule(EnvDataModule):
         """The fault counters and, with ``num_workers=0``, the learner process's own sampler
         (envs, RNG: exact resume). Workers' envs live in other processes and are not saved."""
         local = self._local.state_dict() if self.num_workers == 0 and self._local is not None else None
-        return {"counters": dict(self.counters), "local": local}
+        with self._counters_lock:
+            counters = dict(self.counters)
+        return {"counters": counters, "local": local}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.counters.update(state.get("counters", {}))

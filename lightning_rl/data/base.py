@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Iterator
 from itertools import islice
@@ -12,6 +13,7 @@ import numpy as np
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.trainer.states import TrainerStatus
+from torch import nn
 from torch.utils.data import DataLoader, IterableDataset
 
 from lightning_rl.batch import MultiAgentBatch
@@ -52,6 +54,28 @@ def new_generator(seed: int | None, device: torch.device | str = "cpu") -> torch
     return generator
 
 
+def policy_state(policy: nn.Module) -> list[torch.Tensor]:
+    """Every tensor a policy computes with, in a fixed order: its parameters, then its buffers
+    (BatchNorm statistics, observation normalizers; non-persistent ones too). What a copy of
+    the policy that acts elsewhere (a sampler worker, another device) must receive."""
+    return [*policy.parameters(), *policy.buffers()]
+
+
+@contextlib.contextmanager
+def eval_mode(module: nn.Module) -> Iterator[None]:
+    """Run ``module`` in eval mode (Dropout off, BatchNorm reading its running statistics
+    without updating them), then give every submodule back the mode it had: acting is eval
+    mode everywhere, the learner trains in the modes it set."""
+    training = [m for m in module.modules() if m.training]
+    if training:
+        module.eval()
+    try:
+        yield
+    finally:
+        for m in training:
+            m.training = True
+
+
 class _Iterations(IterableDataset):
     """``iterations_per_epoch`` batches per epoch; env state carries across epochs."""
 
@@ -63,7 +87,11 @@ class _Iterations(IterableDataset):
 
     def __iter__(self) -> Iterator[MultiAgentBatch]:
         for _ in range(len(self)):
-            yield self.datamodule.sample()
+            # Sampling acts with the learner's own policies (when on its device): in eval mode,
+            # value estimates for bootstrapping included; training then runs in its own modes.
+            with eval_mode(self.datamodule.module.policies):
+                batch = self.datamodule.sample()
+            yield batch
 
 
 class EnvDataModule(pl.LightningDataModule):
@@ -197,8 +225,9 @@ class EnvDataModule(pl.LightningDataModule):
         self._steps = int(mine["steps"])
         if "unsupported" in mine["envs"]:
             warnings.warn(
-                f"the checkpoint holds no env state ({mine['envs']['unsupported']}): the envs were reset and the "
-                "run continues from fresh episodes, so it will not match an uninterrupted run exactly",
+                f"the checkpoint holds no env state of {self.env!r} ({mine['envs']['unsupported']}): the envs were "
+                "reset and the run continues from fresh, re-seeded episodes, so it will not match an uninterrupted "
+                "run exactly",
                 stacklevel=2,
             )
             self.restart_episodes(rank_seed(self.seed, self.rank), self._steps)

@@ -16,7 +16,9 @@ Functions, classes and modules are skipped: the fresh env has its own.
 Limits: only state held in Python objects is seen. Objects whose state lives elsewhere (C
 structs such as MuJoCo or Box2D worlds, locks, files, sockets, other processes such as
 ``AsyncVectorEnv``'s workers) raise ``UnsupportedEnvState`` naming the attribute, so the caller
-can warn and reset those envs instead of silently restoring wrong state. Class and module
+can warn and reset those envs instead of silently restoring wrong state. So does any other
+error met while capturing (a type without ``__module__``, such as SWIG's ``SwigPyObject`` in
+Box2D envs; a property that raises): capturing raises nothing else. Class and module
 attributes are not env state and are not captured.
 """
 
@@ -53,7 +55,19 @@ class UnsupportedEnvState(Exception):
 
 
 def _type_name(x: object) -> str:
-    return f"{type(x).__module__}.{type(x).__qualname__}"
+    return _class_name(type(x))
+
+
+def _class_name(cls: type) -> str:
+    """``module.qualname``, or what of it the class has (SWIG's ``SwigPyObject`` has no ``__module__``)."""
+    try:
+        qualname = type.__dict__["__qualname__"].__get__(cls)
+    except Exception:
+        qualname = "<unnamed type>"
+    try:
+        return f"{cls.__module__}.{qualname}"
+    except Exception:
+        return qualname
 
 
 @functools.cache
@@ -64,7 +78,7 @@ def _why_not_plain(cls: type) -> str | None:
     for c in cls.__mro__:
         # Classes written in Python are heap types; C types are static (pybind11's are heap types).
         if c not in (object, typing.Generic) and not (c.__flags__ & (1 << 9) and c.__name__ != "pybind11_object"):
-            return f"is implemented in C ({c.__module__}.{c.__qualname__})"
+            return f"is implemented in C ({_class_name(c)})"
         slots = c.__dict__.get("__slots__", ())
         if set([slots] if isinstance(slots, str) else slots) - {"__dict__", "__weakref__"}:
             return "keeps attributes in __slots__"
@@ -83,50 +97,55 @@ def capture_env_state(envs: object) -> dict:
     """The state of ``envs`` (any env object, usually a vector env) as a tree of plain data.
 
     Raises ``UnsupportedEnvState`` naming the attribute path and type of the first object whose
-    state cannot be captured this way.
+    state cannot be captured this way, or the path where anything else went wrong; nothing else.
     """
     memo: dict[int, str] = {}
     alive: list[object] = []  # keeps temporaries (RNG states) alive so their ids are not reused
 
     def cap(x: Any, path: str) -> Any:
-        if type(x) in _PLAIN:
-            return x
-        if isinstance(x, _SKIP):
-            return _SKIPPED
-        if isinstance(x, np.generic):  # immutable: never shared by identity
-            return _array(x, path)
-        if id(x) in memo:
-            return {TAG: "ref", "path": memo[id(x)]}
-        memo[id(x)] = path
-        alive.append(x)
-        if isinstance(x, torch.Tensor):
-            return x.detach().clone()
-        if isinstance(x, np.ndarray):
-            return _array(x, path)
-        if isinstance(x, enum.Enum):
-            return {TAG: "enum", "name": x.name}
-        if isinstance(x, np.dtype):
-            if np.dtype(x.str) != x:
-                raise UnsupportedEnvState(f"{path}: structured numpy dtype {x}")
-            return {TAG: "dtype", "str": x.str}
-        if isinstance(x, np.random.Generator):
-            return {TAG: "np_generator", "state": cap(x.bit_generator.state, f"{path}.bit_generator.state")}
-        if isinstance(x, random.Random) and type(x) is not random.SystemRandom:
-            return {TAG: "random", "state": cap(x.getstate(), f"{path}.getstate()")}
-        if isinstance(x, deque):
-            return {TAG: "deque", "maxlen": x.maxlen, "items": seq(x, path)}
-        if type(x) in (list, tuple):
-            return {TAG: type(x).__name__, "items": seq(x, path)}
-        if type(x) in (dict, OrderedDict, defaultdict, Counter):  # restored into the fresh env's own dict
-            keys = [cap(k, f"{path}.keys()[{i}]") for i, k in enumerate(x)]
-            if any(k is _SKIPPED for k in keys):
-                raise UnsupportedEnvState(f"{path}: dict keyed by functions or classes")
-            return {TAG: "dict", "keys": keys, "values": [cap(v, f"{path}[{k!r}]") for k, v in x.items()]}
-        reason = _why_not_plain(type(x)) if hasattr(x, "__dict__") else "is not plain data and has no __dict__"
-        if reason is not None:
-            raise UnsupportedEnvState(f"{path}: {_type_name(x)} {reason}")
-        attrs = {k: cap(v, f"{path}.{k}") for k, v in vars(x).items()}
-        return {TAG: "object", "type": _type_name(x), "attrs": attrs}
+        try:
+            if type(x) in _PLAIN:
+                return x
+            if isinstance(x, _SKIP):
+                return _SKIPPED
+            if isinstance(x, np.generic):  # immutable: never shared by identity
+                return _array(x, path)
+            if id(x) in memo:
+                return {TAG: "ref", "path": memo[id(x)]}
+            memo[id(x)] = path
+            alive.append(x)
+            if isinstance(x, torch.Tensor):
+                return x.detach().clone()
+            if isinstance(x, np.ndarray):
+                return _array(x, path)
+            if isinstance(x, enum.Enum):
+                return {TAG: "enum", "name": x.name}
+            if isinstance(x, np.dtype):
+                if np.dtype(x.str) != x:
+                    raise UnsupportedEnvState(f"{path}: structured numpy dtype {x}")
+                return {TAG: "dtype", "str": x.str}
+            if isinstance(x, np.random.Generator):
+                return {TAG: "np_generator", "state": cap(x.bit_generator.state, f"{path}.bit_generator.state")}
+            if isinstance(x, random.Random) and type(x) is not random.SystemRandom:
+                return {TAG: "random", "state": cap(x.getstate(), f"{path}.getstate()")}
+            if isinstance(x, deque):
+                return {TAG: "deque", "maxlen": x.maxlen, "items": seq(x, path)}
+            if type(x) in (list, tuple):
+                return {TAG: type(x).__name__, "items": seq(x, path)}
+            if type(x) in (dict, OrderedDict, defaultdict, Counter):  # restored into the fresh env's own dict
+                keys = [cap(k, f"{path}.keys()[{i}]") for i, k in enumerate(x)]
+                if any(k is _SKIPPED for k in keys):
+                    raise UnsupportedEnvState(f"{path}: dict keyed by functions or classes")
+                return {TAG: "dict", "keys": keys, "values": [cap(v, f"{path}[{k!r}]") for k, v in x.items()]}
+            reason = _why_not_plain(type(x)) if hasattr(x, "__dict__") else "is not plain data and has no __dict__"
+            if reason is not None:
+                raise UnsupportedEnvState(f"{path}: {_type_name(x)} {reason}")
+            attrs = {k: cap(v, f"{path}.{k}") for k, v in vars(x).items()}
+            return {TAG: "object", "type": _type_name(x), "attrs": attrs}
+        except UnsupportedEnvState:
+            raise
+        except Exception as err:  # whatever an object does when looked at: the innermost path names it
+            raise UnsupportedEnvState(f"{path}: {type(err).__name__} while capturing: {err}") from err
 
     def seq(x: list | tuple | deque, path: str) -> list | dict:
         # Numpy scalars of one type (the episode-statistics queues) travel as one array, not
@@ -135,7 +154,10 @@ def capture_env_state(envs: object) -> dict:
             return _array(np.array(list(x)), f"{path}[:]")
         return [cap(v, f"{path}[{i}]") for i, v in enumerate(x)]
 
-    return cap(envs, "envs")
+    try:
+        return cap(envs, "envs")
+    except RecursionError as err:  # nested deeper than Python's stack (raised again while naming the path)
+        raise UnsupportedEnvState(f"envs: nested too deeply to capture ({err})") from err
 
 
 def restore_env_state(envs: object, state: dict) -> None:
