@@ -298,14 +298,23 @@ def summarize_parse_error(message: str) -> str:
         return (f"--model.{name}: {cls.__name__} has no setting {name!r}{meant} "
                 f"(all of them: {PROG} fit --model.help {cls.__name__})")
     keys = re.findall(r'Parser key "([^"]+)"', message)
-    expected = [m for m in re.finditer(r"Expected an? (.+?)\. Got value: (.*)", message)
-                if "NoneType" not in m.group(1)]
-    if cls is not None and len(keys) >= 2 and expected:
-        needs = re.sub(r"<class '(?:[\w.]+\.)?(\w+)'>", r"\1", expected[0].group(1))
-        return f"--model.{keys[-1]}: expected {needs}, got {expected[0].group(2).strip()!r}"
+    if keys:  # a bad value: the innermost setting, the types it takes, the value given
+        inner = message[message.rindex(f'Parser key "{keys[-1]}"'):]
+        expected = [_type_name(m) for m in re.findall(r"Expected an? (.+?)(?:\. Got value: .*)?$", inner, re.M)
+                    if "NoneType" not in m]
+        value = re.search(r"(?:Got|Given) value: (.*)", inner)
+        if expected:
+            got = f", got {value.group(1).strip()!r}" if value else ""
+            return f"--{'.'.join(keys)}: expected {' or '.join(dict.fromkeys(expected))}{got}"
     noise = ("Subtypes:", "Errors:", "Given value type:", "Given value:", "Does not validate against any")
     lines = [re.sub(r"^- ", "", line.strip()) for line in message.splitlines()]
     return "; ".join(line for line in lines if line and not line.startswith(noise) and "NoneType" not in line)
+
+
+def _type_name(text: str) -> str:
+    """``<class 'float'>`` -> ``float``, ``typing.Literal['a', 'b']`` -> ``one of 'a', 'b'``."""
+    text = re.sub(r"<class '(?:[\w.]+\.)?(\w+)'>", r"\1", text)
+    return re.sub(r"^typing\.Literal\[(.*)\]$", r"one of \1", text)
 
 
 def cli(args: list[str] | None = None, run: bool = True, **kwargs: Any) -> LightningCLI:

@@ -94,6 +94,8 @@ def written_counters(root: Path) -> list[dict[str, int]]:
     (["--model", "TRPO"], "--model TRPO: no such algorithm (the algorithms: A2C, A3C, APEX, APPO, DQN, IMPALA, PPO, "
                           "SAC)"),
     (["--model", "PPO", "--model.gamma", "abc"], "--model.gamma: expected float, got 'abc'"),
+    (["--model", "PPO", "--model.max_seq_len", "1.5"], "--model.max_seq_len: expected int, got '1.5'"),
+    (["--model", "PPO", "--trainer.max_epochs", "abc"], "--trainer.max_epochs: expected int, got 'abc'"),
     (["--model.num_envs", "3"], "no algorithm chosen: add --model NAME"),
     (["--model", "PPO", "--trainer.gradient_clip_val", "0.5"], "set the maximum gradient norm with --model.grad_clip"),
     (["--model", "PPO", "--model.env", "CartPol-v1"], "unknown env id 'CartPol-v1': Environment `CartPol` doesn't "
