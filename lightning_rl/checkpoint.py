@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import warnings
+import zipfile
 from collections.abc import Callable
 from os import PathLike
 from pathlib import Path
@@ -38,12 +39,13 @@ def read_checkpoint(path: str | PathLike[str]) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {str(path)!r} {'is a directory' if path.is_dir() else 'does not exist'}")
+    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; torch.load's errors for others mislead
+        raise CheckpointError(f"checkpoint {str(path)!r} is corrupt or truncated, or not a checkpoint: "
+                              f"{_not_zip_kind(path)}, not the zip archive torch.save writes")
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # truncated zip, random bytes, a pickle with unsafe globals ...
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        message = f"checkpoint {str(path)!r} is corrupt or truncated, or not a checkpoint: {first}"
-        raise CheckpointError(message) from None
+    except Exception as err:  # a damaged zip, a pickle with unsafe globals ...
+        raise CheckpointError(f"checkpoint {str(path)!r} {_load_error(err)}") from None
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
         raise CheckpointError(f"checkpoint {str(path)!r} is not a Lightning checkpoint (no 'state_dict')")
     if "lightning_rl" not in checkpoint:
@@ -52,6 +54,27 @@ def read_checkpoint(path: str | PathLike[str]) -> dict[str, Any]:
             "it belongs to another model"
         )
     return checkpoint
+
+
+def _not_zip_kind(path: Path) -> str:
+    with path.open("rb") as file:
+        head = file.read(4096)
+    if not head:
+        return "an empty file"
+    return "binary data" if b"\0" in head else "a text file"
+
+
+def _load_error(err: Exception) -> str:
+    """What is wrong with a file ``torch.load(weights_only=True)`` refused, without torch's advice
+    to load it with ``weights_only=False`` (which would run whatever code the file holds)."""
+    text = str(err).strip()
+    if "Weights only load failed" in text:
+        skip = ("Weights only load failed", "Please file an issue", "Check the documentation")
+        lines = [line.replace("WeightsUnpickler error:", "").strip() for line in text.splitlines()]
+        reasons = [line for line in lines if line and not line.startswith(skip) and "weights_only" not in line]
+        return ("holds objects other than plain data, which a safe load (weights_only=True) refuses"
+                + (f": {reasons[0]}" if reasons else ""))
+    return f"is corrupt or truncated, or not a checkpoint: {text.splitlines()[0] if text else type(err).__name__}"
 
 
 # ----------------------------------------------------------------------------- the algorithm registry
@@ -75,6 +98,12 @@ def algorithm_registry() -> dict[str, type[RLModule]]:
     return found
 
 
+def algorithm_names() -> list[str]:
+    """The class names of the algorithms defined in this process (``A2C``, ..., ``SAC``, and any
+    subclass a user's code defined), for help texts and errors."""
+    return sorted({path.rsplit(".", 1)[-1] for path in algorithm_registry()} - {"OnPolicyModule", "OffPolicyModule"})
+
+
 def algorithm_path(checkpoint: dict[str, Any]) -> str | None:
     """``module.Class`` of the algorithm that wrote the checkpoint, when recorded."""
     return checkpoint.get("lightning_rl", {}).get("algorithm")
@@ -89,7 +118,7 @@ def resolve_algorithm(name: str) -> type[RLModule]:
     by_name = [cls for path, cls in registry.items() if path.rsplit(".", 1)[-1].lower() == name.lower()]
     if len(by_name) == 1:
         return by_name[0]
-    known = ", ".join(sorted({p.rsplit(".", 1)[-1] for p in registry} - {"OnPolicyModule", "OffPolicyModule"}))
+    known = ", ".join(algorithm_names())
     raise CheckpointError(
         f"algorithm {name!r} is not defined in this process (known: {known}); lightning_rl never imports a "
         "module a checkpoint names: import the module that defines it first"

@@ -2,76 +2,194 @@
 
     lightning-rl fit -c examples/configs/ppo_cartpole.yaml
     lightning-rl fit --model PPO --model.env CartPole-v1 --trainer.max_epochs 5
+    lightning-rl fit --model.help PPO                 # every setting of PPO, described
+    lightning-rl fit --ckpt_path last.ckpt --model.total_env_steps 200000   # resume with a larger budget
     lightning-rl validate --ckpt_path lightning_logs/version_0/checkpoints/last.ckpt
+    lightning-rl test --ckpt_path lightning_logs/version_0/checkpoints/last.ckpt
     lightning-rl fit -c examples/configs/dqn_cartpole.yaml --print_config
     lightning-rl plot lightning_logs/version_0 lightning_logs/version_1 --out curve.png
     lightning-rl record --ckpt_path model.ckpt --out agent.gif
+
+Errors of the command line (a bad value, a misspelled setting, an unknown algorithm, an
+unreadable checkpoint) are one line, ``lightning-rl fit: error: ...``, with exit code 2.
 """
 
 from __future__ import annotations
 
+import difflib
+import importlib
+import inspect
+import os
+import re
 import sys
+import traceback
+import typing
 import warnings
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-from pytorch_lightning.cli import LightningCLI
+from jsonargparse import Namespace
+from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
 
-import lightning_rl  # noqa: F401  (defines every algorithm, so --model PPO and checkpoints resolve)
+import lightning_rl  # defines every algorithm, so --model PPO and checkpoints resolve
 from lightning_rl.algorithms.base import RLModule
 from lightning_rl.checkpoint import (
     CheckpointError,
     algorithm_class,
+    algorithm_names,
+    algorithm_path,
+    algorithm_registry,
     class_path,
     is_callable_placeholder,
     read_checkpoint,
+    resolve_algorithm,
 )
 from lightning_rl.data.envs import check_env
 
+PROG = "lightning-rl"
 TOOLS = ("plot", "record")
+SUBCOMMANDS = ("fit", "validate", "test")
+# Lightning's own --ckpt_path values that name no file ("last" checkpoint of this run, ...).
+LIGHTNING_CKPT_NAMES = ("last", "best", "hpc", "registry")
+# The settings a command line may change when it continues a checkpoint (resume, validate,
+# test): how long, how often, where and how fast a run goes. All others (the env, the network,
+# the spaces, the update's hyperparameters, the samplers' layout) are the checkpoint's; giving
+# a different value is an error that names the setting.
+RESUMABLE_SETTINGS = (
+    "total_env_steps",
+    "iterations_per_epoch",
+    "evaluation_interval",
+    "evaluation_num_episodes",
+    "num_cpu_threads",
+    "cpu_affinity",
+    "compile",
+    "check_finite",
+    "sampler_timeout_s",
+    "restart_failed_workers",
+)
+DESCRIPTIONS = {
+    "fit": "Train an algorithm: --model NAME ({algos}) or -c CONFIG.yaml. Every setting of an algorithm, "
+           "described: lightning-rl fit --model.help PPO. --ckpt_path CKPT resumes a run with the "
+           "checkpoint's settings; the command line may change only " + ", ".join(RESUMABLE_SETTINGS) + ".",
+    "validate": "Play evaluation_num_episodes greedy episodes and log val/*: lightning-rl validate --ckpt_path "
+                "CKPT (the algorithm and its settings come from the checkpoint). Every setting of an algorithm, "
+                "described: lightning-rl validate --model.help PPO.",
+    "test": "Play evaluation_num_episodes greedy episodes on test envs (seeded apart from validation's) and log "
+            "test/*: lightning-rl test --ckpt_path CKPT (the algorithm and its settings come from the checkpoint). "
+            "Every setting of an algorithm, described: lightning-rl test --model.help PPO.",
+}
+PREDICT_REFUSAL = (
+    "not offered: a policy acts on observations from an env, which Lightning's predict loop does not have; "
+    "play greedy episodes with `lightning-rl test --ckpt_path CKPT` (logs test/*) or `lightning-rl record "
+    "--ckpt_path CKPT`, or act in Python with model.predict(obs)"
+)
+
+
+def fail(command: str | None, message: str) -> NoReturn:
+    """``lightning-rl COMMAND: error: MESSAGE`` on one line of stderr, exit code 2."""
+    message = " ".join(line.strip() for line in str(message).splitlines() if line.strip())
+    print(f"{PROG}{' ' + command if command else ''}: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+class RLArgumentParser(LightningArgumentParser):
+    """Lightning's parser, with jsonargparse's multi-line reports turned into one line that
+    names the setting (and, for a misspelled one, the setting meant)."""
+
+    command: str | None = None
+
+    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+        if not self.exit_on_error:  # a parser jsonargparse uses inside, trying alternatives: its errors are caught
+            super().error(message, ex)
+        fail(self.command, summarize_parse_error(message))
 
 
 class RLCLI(LightningCLI):
-    """Lightning's CLI with two differences that keep runs reproducible and checkpoints safe:
+    """Lightning's CLI with these differences, which keep runs reproducible, checkpoints safe and
+    errors short:
 
     - the model's ``seed`` follows ``--seed_everything`` when it is not given itself;
     - ``--ckpt_path`` fills in the model's class and hyperparameters from any lightning_rl
       checkpoint (not only the CLI's own), read with ``weights_only=True``, with the class
       taken from the algorithms defined in this process, never imported because a file
       names it. A callable hyperparameter (an env factory) is not in the file: pass it
-      again (``--model.env ...``).
+      again (``--model.env ...``). The command line may change the settings in
+      ``RESUMABLE_SETTINGS`` (a larger budget, another evaluation cadence ...); a different
+      value for any other is an error naming it;
+    - there is no ``predict`` subcommand (``PREDICT_REFUSAL``);
+    - a bad value, a misspelled setting, an algorithm's own validation error (its ``__init__``'s
+      ``ValueError``) and ``--trainer.gradient_clip_val`` are one-line errors.
     """
 
     def __init__(self, *args: Any, argv: list[str] | None = None, **kwargs: Any) -> None:
         self._argv = list(sys.argv[1:] if argv is None else argv)
+        self._command = self._argv[0] if self._argv and self._argv[0] in SUBCOMMANDS else None
         super().__init__(*args, args=argv, **kwargs)
+
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        return {name: skip for name, skip in LightningCLI.subcommands().items() if name in SUBCOMMANDS}
+
+    def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
+        parser = super().init_parser(**kwargs)
+        if isinstance(parser, RLArgumentParser):
+            parser.command = self._command
+        return parser
 
     def _parse_ckpt_path(self) -> None:
         subcommand = self.config.get("subcommand")
         if not subcommand:
             return
         ckpt_path = self.config[subcommand].get("ckpt_path")
-        if not ckpt_path or not Path(ckpt_path).is_file():
+        if not ckpt_path or (str(ckpt_path) in LIGHTNING_CKPT_NAMES and not Path(ckpt_path).is_file()):
             return
         try:
             checkpoint = read_checkpoint(ckpt_path)
-            cls = algorithm_class(checkpoint)
+            # a resumed fit continues only the class that wrote the checkpoint
+            written_by = algorithm_path(checkpoint)
+            cls = resolve_algorithm(written_by) if subcommand == "fit" and written_by else algorithm_class(checkpoint)
         except CheckpointError as err:
             self.parser.error(str(err))
+        given_class, given = self._given_model_settings(subcommand)
+        if cls is not None and given_class is not None and given_class is not cls:
+            self.parser.error(f"--model {given_class.__name__}: checkpoint {ckpt_path!r} was written by "
+                              f"{cls.__name__}; leave --model out to take the checkpoint's")
         hparams = {k: v for k, v in checkpoint.get("hyper_parameters", {}).items() if not k.startswith("_")}
         for name, value in list(hparams.items()):
             if not is_callable_placeholder(value):
                 continue
-            if not any(a == f"--model.{name}" or a.startswith(f"--model.{name}=") for a in self._argv):
+            if name not in given:
                 self.parser.error(
                     f"checkpoint {ckpt_path!r} was trained with {name}={value}, which a checkpoint cannot hold "
                     f"(loading one never runs code): pass it again with --model.{name}"
+                )
+            del hparams[name]  # the command line's value stands
+        for name, value in given.items():
+            if name not in hparams or _plain(value) == _plain(hparams[name]):
+                continue
+            if name not in RESUMABLE_SETTINGS:
+                self.parser.error(
+                    f"--model.{name} {_plain(value)!r}: checkpoint {ckpt_path!r} was trained with "
+                    f"{_plain(hparams[name])!r}, and a run continued from a checkpoint keeps its settings except "
+                    f"{', '.join(RESUMABLE_SETTINGS)}"
                 )
             del hparams[name]  # the command line's value stands
         if cls is None:
             return
         model = {"class_path": class_path(cls), "init_args": hparams}
         self.config = self.parser.parse_object({subcommand: {"model": model}}, self.config)
+
+    def _given_model_settings(self, subcommand: str) -> tuple[type | None, dict[str, Any]]:
+        """The model class and the settings that the command line and its config files give
+        themselves (no defaults)."""
+        given = self.parser.parse_args(self._argv, defaults=False)
+        model = given.get(subcommand, Namespace()).get("model")
+        if not isinstance(model, Namespace):
+            return None, {}
+        init_args = model.get("init_args")
+        settings = init_args.as_dict() if isinstance(init_args, Namespace) else {}
+        return _import_class(model.get("class_path")), settings
 
     def before_instantiate_classes(self) -> None:
         subcommand = self.config.get("subcommand")
@@ -82,8 +200,13 @@ class RLCLI(LightningCLI):
         seeded = isinstance(seed, int) and not isinstance(seed, bool)
         if seeded and init_args is not None and init_args.get("seed") is None:
             init_args.seed = seed
-        # An env-step budget is the run's limit: no epoch limit (Lightning would set 1000 and warn).
         trainer = config.get("trainer")
+        if subcommand == "fit" and trainer is not None and trainer.get("gradient_clip_val") is not None:
+            self.parser.error(
+                "--trainer.gradient_clip_val: the algorithms step their optimizers themselves (manual optimization), "
+                "so Lightning cannot clip their gradients; set the maximum gradient norm with --model.grad_clip"
+            )
+        # An env-step budget is the run's limit: no epoch limit (Lightning would set 1000 and warn).
         if (
             subcommand == "fit" and trainer is not None and init_args is not None
             and init_args.get("total_env_steps") is not None and trainer.get("max_epochs") is None
@@ -103,10 +226,101 @@ class RLCLI(LightningCLI):
         except (ValueError, ImportError, TypeError) as err:
             self.parser.error(str(err))
 
+    def instantiate_classes(self) -> None:
+        try:
+            super().instantiate_classes()
+        except (ValueError, TypeError) as err:
+            cause = _raised_by_lightning_rl(err)
+            if cause is None:
+                raise
+            self.parser.error(str(cause))
+
+
+def _raised_by_lightning_rl(err: BaseException) -> BaseException | None:
+    """The ``ValueError``/``TypeError`` that lightning_rl's own code raised (an algorithm's
+    validation in ``__init__``) among the exceptions jsonargparse wrapped it in, if any."""
+    package = str(Path(lightning_rl.__file__).parent)
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        frames = traceback.extract_tb(current.__traceback__)
+        if isinstance(current, ValueError | TypeError) and frames and frames[-1].filename.startswith(package):
+            return current
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def _plain(value: Any) -> Any:
+    """A setting as plain data, so a checkpoint's tuple equals the command line's list."""
+    if isinstance(value, Namespace):
+        value = value.as_dict()
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _import_class(path: str | None) -> type | None:
+    """The class a command line's ``--model`` names (the user's own input: importing it is
+    what jsonargparse does too)."""
+    if not path:
+        return None
+    module, _, name = path.rpartition(".")
+    try:
+        found = getattr(importlib.import_module(module), name) if module else None
+    except (ImportError, AttributeError):
+        found = None
+    if found is None:
+        try:
+            found = resolve_algorithm(path)
+        except CheckpointError:
+            return None
+    return found if inspect.isclass(found) else None
+
+
+def summarize_parse_error(message: str) -> str:
+    """One line from jsonargparse's report of a bad command line: a misspelled algorithm setting
+    with the setting meant, a bad value with the setting and the type it needs, else the report's
+    informative lines joined."""
+    class_match = re.search(r"Problem with given class_path '([^']+)'", message)
+    cls = _import_class(class_match.group(1)) if class_match else None
+    no_model = re.search(r"arguments are required: (\w+\.)?model\b", message)
+    if no_model or (cls is not None and cls.__name__ not in algorithm_names()):  # RLModule, OnPolicyModule ...
+        return f"no algorithm chosen: add --model NAME (one of {', '.join(algorithm_names())})"
+    unknown = re.search(r"(?:Option|Key) '([^']+)' is not (?:accepted|expected)", message)
+    if cls is not None and unknown:
+        name = unknown.group(1).removeprefix("init_args.")
+        settings = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
+        close = difflib.get_close_matches(name, settings, n=1)
+        meant = f"; did you mean --model.{close[0]}?" if close else ""
+        return (f"--model.{name}: {cls.__name__} has no setting {name!r}{meant} "
+                f"(all of them: {PROG} fit --model.help {cls.__name__})")
+    keys = re.findall(r'Parser key "([^"]+)"', message)
+    if keys:  # a bad value: the innermost setting, the types it takes, the value given
+        inner = message[message.rindex(f'Parser key "{keys[-1]}"'):]
+        expected = [_type_name(m) for m in re.findall(r"Expected an? (.+?)(?:\. Got value: .*)?$", inner, re.M)
+                    if "NoneType" not in m]
+        value = re.search(r"(?:Got|Given) value: (.*)", inner)
+        if expected:
+            got = f", got {value.group(1).strip()!r}" if value else ""
+            return f"--{'.'.join(keys)}: expected {' or '.join(dict.fromkeys(expected))}{got}"
+    noise = ("Subtypes:", "Errors:", "Given value type:", "Given value:", "Does not validate against any")
+    lines = [re.sub(r"^- ", "", line.strip()) for line in message.splitlines()]
+    return "; ".join(line for line in lines if line and not line.startswith(noise) and "NoneType" not in line)
+
+
+def _type_name(text: str) -> str:
+    """``<class 'float'>`` -> ``float``, ``typing.Literal['a', 'b']`` -> ``one of 'a', 'b'``."""
+    text = re.sub(r"<class '(?:[\w.]+\.)?(\w+)'>", r"\1", text)
+    return re.sub(r"^typing\.Literal\[(.*)\]$", r"one of \1", text)
+
 
 def cli(args: list[str] | None = None, run: bool = True, **kwargs: Any) -> LightningCLI:
     """Lightning's CLI with any ``RLModule`` subclass as the model (``--model PPO``)."""
     quiet_known_warnings(sys.argv[1:] if args is None else args)
+    names = ", ".join(algorithm_names())
     return RLCLI(
         RLModule,
         subclass_mode_model=True,
@@ -114,7 +328,9 @@ def cli(args: list[str] | None = None, run: bool = True, **kwargs: Any) -> Light
         # Lightning's default (True) seeds 0 too, with a "No seed found" warning.
         seed_everything_default=0,
         save_config_kwargs={"overwrite": True},
-        parser_kwargs={"prog": "lightning-rl"},
+        parser_class=RLArgumentParser,
+        parser_kwargs={"prog": PROG, **{name: {"description": text.format(algos=names)}
+                                        for name, text in DESCRIPTIONS.items()}},
         argv=args,
         run=run,
         **kwargs,
@@ -129,13 +345,19 @@ def quiet_known_warnings(argv: list[str]) -> None:
     # Our learner info is logged across epochs (and on each epoch's last iteration), so an epoch
     # shorter than log_every_n_steps loses nothing, unlike what this says.
     warnings.filterwarnings("ignore", message=r"The number of training batches \(\d+\) is smaller than the logging")
-    if argv[:1] and argv[0] in ("validate", "test", "predict"):
+    if argv[:1] and argv[0] in ("validate", "test"):
         # Restoring a fit's ModelCheckpoint state into a new run's directory: nothing is saved here.
         warnings.filterwarnings("ignore", message=r"The dirpath has changed from")
 
 
 def main(args: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if args is None else args)
+    if args is None:
+        # As `python -m` does: an env module in the current directory (--model.env my_envs:Grid-v0)
+        # imports. A console script's sys.path starts with the script's own directory instead.
+        cwd = os.getcwd()
+        if cwd not in sys.path and "" not in sys.path:
+            sys.path.insert(0, cwd)
     if argv[:1] == ["plot"]:
         from lightning_rl.plotting import main as plot_main
 
@@ -144,11 +366,14 @@ def main(args: list[str] | None = None) -> int:
         from lightning_rl.recording import main as record_main
 
         return record_main(argv[1:])
+    if argv[:1] == ["predict"]:
+        fail("predict", PREDICT_REFUSAL)
     if argv[:1] in (["-h"], ["--help"]):
-        print("lightning-rl {fit,validate,test,predict} [options]  (Lightning's CLI; `lightning-rl fit -h`)")
-        print("lightning-rl plot LOG_DIR... --out curve.png   (`lightning-rl plot -h`)")
-        print("lightning-rl record --ckpt_path CKPT --out agent.gif   (`lightning-rl record -h`)")
-    argv = _with_model_from_checkpoint(argv)
+        print(f"{PROG} {{fit,validate,test}} [options]  (Lightning's CLI; `{PROG} fit -h`; "
+              f"an algorithm's settings: `{PROG} fit --model.help PPO`)")
+        print(f"{PROG} plot LOG_DIR... --out curve.png   (`{PROG} plot -h`)")
+        print(f"{PROG} record --ckpt_path CKPT --out agent.gif   (`{PROG} record -h`)")
+    argv = _normalize_model_args(_with_model_from_checkpoint(argv))
     if args is None:  # the command line itself, so Lightning does not warn of args next to sys.argv
         sys.argv[1:] = argv
         cli(None)
@@ -157,21 +382,90 @@ def main(args: list[str] | None = None) -> int:
     return 0
 
 
+def _option_value(argv: list[str], option: str) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg == option and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(option + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
 def _with_model_from_checkpoint(argv: list[str]) -> list[str]:
-    """``validate/test/predict --ckpt_path X`` with no model given: the model class from the
+    """``fit/validate/test --ckpt_path X`` with no model given: the model class from the
     checkpoint (resolved among the algorithms defined here; its hyperparameters follow in
-    ``RLCLI._parse_ckpt_path``)."""
-    if not argv or argv[0] not in ("validate", "test", "predict") or "--ckpt_path" not in argv:
+    ``RLCLI._parse_ckpt_path``). A resumed fit continues only the class that wrote the file."""
+    path = _option_value(argv, "--ckpt_path")
+    if not argv or argv[0] not in SUBCOMMANDS or path is None:
+        return argv
+    if path in LIGHTNING_CKPT_NAMES and not Path(path).is_file():
         return argv
     if any(a in ("-c", "--config", "--model") or a.startswith(("--model=", "--config=")) for a in argv[1:]):
         return argv
-    path = argv[argv.index("--ckpt_path") + 1]
     try:
-        cls = algorithm_class(read_checkpoint(path))
+        checkpoint = read_checkpoint(path)
+        written_by = algorithm_path(checkpoint)
+        cls = resolve_algorithm(written_by) if argv[0] == "fit" and written_by else algorithm_class(checkpoint)
     except CheckpointError as err:
-        print(f"lightning-rl {argv[0]}: error: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
+        fail(argv[0], str(err))
     return argv if cls is None else [argv[0], "--model", class_path(cls), *argv[1:]]
+
+
+def _normalize_model_args(argv: list[str]) -> list[str]:
+    """``--model ppo`` (any case) is PPO, and an unknown algorithm name is an error listing the
+    algorithms; an integer setting takes an integral number written as a float (``--model.
+    total_env_steps 1e5`` or ``100000.0``)."""
+    command = argv[0] if argv and argv[0] in SUBCOMMANDS else None
+    out = list(argv)
+    for i, arg in enumerate(out):
+        option, eq, value = arg.partition("=")
+        if not eq:
+            option, value = arg, out[i + 1] if i + 1 < len(out) else None
+        if value is None:
+            continue
+        if option in ("--model", "--model.help") and "." not in value and not value.startswith(("{", "-")):
+            by_name = {name.lower(): name for name in algorithm_names()}
+            if value.lower() not in by_name:
+                fail(command, f"{option} {value}: no such algorithm (the algorithms: {', '.join(algorithm_names())})")
+            value = by_name[value.lower()]
+        elif option.startswith("--model.") and option.removeprefix("--model.").removeprefix("init_args.") in \
+                _integer_settings():
+            value = _integral(value)
+        else:
+            continue
+        if eq:
+            out[i] = f"{option}={value}"
+        else:
+            out[i + 1] = value
+    return out
+
+
+def _integral(text: str) -> str:
+    """``"1e5"`` or ``"100000.0"`` -> ``"100000"``; anything else unchanged (and checked by the parser)."""
+    try:
+        number = Decimal(text)
+    except InvalidOperation:
+        return text
+    return str(int(number)) if number.is_finite() and number == number.to_integral_value() else text
+
+
+def _integer_settings() -> set[str]:
+    """The names of the algorithms' integer settings (``int`` or ``int | None``)."""
+    names: set[str] = set()
+    for cls in algorithm_registry().values():
+        try:
+            hints = typing.get_type_hints(cls.__init__)
+        except Exception:  # an annotation this process cannot resolve: no conversion for that class
+            continue
+        for name, hint in hints.items():
+            if hint is int or (typing.get_origin(hint) in (typing.Union, _UnionType)
+                               and int in typing.get_args(hint)
+                               and set(typing.get_args(hint)) <= {int, type(None)}):
+                names.add(name)
+    return names
+
+
+_UnionType = type(int | None)
 
 
 if __name__ == "__main__":

@@ -23,8 +23,8 @@ import numpy as np
 import torch
 
 from lightning_rl.algorithms.base import RLModule
-from lightning_rl.checkpoint import algorithm_class, read_checkpoint, resolve_algorithm
-from lightning_rl.data.envs import EnvSpec, GymMake, check_env
+from lightning_rl.checkpoint import algorithm_class, algorithm_names, read_checkpoint, resolve_algorithm
+from lightning_rl.data.envs import EnvSpec, GymMake, check_env, env_spaces, env_spec
 from lightning_rl.data.spaces import flatten_env
 from lightning_rl.inference import Acting
 
@@ -195,10 +195,31 @@ def load_model(ckpt_path: PathLikeStr, algo: str | type[RLModule] | None = None,
     # The same safe reader as resuming: weights_only=True, errors that name the file.
     checkpoint = read_checkpoint(path)
     cls = resolve_algorithm(algo) if isinstance(algo, str) else algo or algorithm_class(checkpoint)
+    saved = checkpoint.get("hyper_parameters", {})
     del checkpoint
-    model = cls.load_from_checkpoint(path, map_location="cpu", weights_only=True, **hparams)
+    try:
+        model = cls.load_from_checkpoint(path, map_location="cpu", weights_only=True, **hparams)
+    except RuntimeError as err:
+        if "size mismatch" not in str(err) or not {"env", "env_kwargs"} & set(hparams):
+            raise
+        raise ValueError(_spaces_mismatch(path, saved, hparams)) from None
     model.eval()
     return model
+
+
+def _spaces_mismatch(path: Path, saved: dict[str, Any], overrides: dict[str, Any]) -> str:
+    """Why a checkpoint's network does not fit the env given instead of its own: both envs' spaces."""
+    def spaces(env: Any, env_kwargs: Any) -> str:
+        try:
+            observation_space, action_space = env_spaces(env_spec(env, env_kwargs))
+        except Exception:  # a callable env the checkpoint kept only the name of, a multi-agent env ...
+            return "spaces unknown"
+        return " ".join(f"observation space {observation_space}, action space {action_space}".split())
+
+    trained = saved.get("env"), saved.get("env_kwargs")
+    given = overrides.get("env", trained[0]), overrides.get("env_kwargs", trained[1])
+    return (f"checkpoint {str(path)!r} was trained on env {trained[0]!r} ({spaces(*trained)}); its network does not "
+            f"fit env {given[0]!r} ({spaces(*given)})")
 
 
 # ----------------------------------------------------------------------------- command line
@@ -207,7 +228,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--ckpt_path", "--ckpt-path", dest="ckpt_path", required=True,
                         help="Lightning checkpoint of a lightning_rl algorithm")
     parser.add_argument("--out", default="agent.gif", help="GIF to write (default: agent.gif)")
-    parser.add_argument("--algo", default=None, help="algorithm class (PPO, A2C, DQN, SAC); default: inferred")
+    parser.add_argument("--algo", default=None,
+                        help=f"algorithm class ({', '.join(algorithm_names())}); default: the checkpoint's")
     parser.add_argument("--num-episodes", "--num_episodes", dest="num_episodes", type=int, default=3,
                         help="greedy episodes to play (default: 3)")
     parser.add_argument("--env", default=None, help="registered env id to play on (default: the model's env; "

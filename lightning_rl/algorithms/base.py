@@ -27,6 +27,7 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import ModelSummary, TQDMProgressBar
 from pytorch_lightning.trainer.states import TrainerFn, TrainerStatus
+from pytorch_lightning.utilities import rank_zero_info
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
@@ -581,17 +582,32 @@ class RLModule(pl.LightningModule):
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         """``evaluation_num_episodes`` greedy episodes on separate envs (per rank under DDP),
         logged at the global env-step count like the training metrics."""
+        self._log_evaluation("val", seed_offset=100_000)
+
+    def test_dataloader(self) -> Any:
+        """One evaluation request per ``trainer.test`` (``lightning-rl test``)."""
+        return DataLoader(range(1), batch_size=None)
+
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        """``evaluation_num_episodes`` greedy episodes on test envs of their own (seeded apart
+        from validation's), logged as ``test/episode_return_mean`` (and ``_min``, ``_max``)."""
+        self._log_evaluation("test", seed_offset=200_000)
+
+    def _log_evaluation(self, prefix: str, seed_offset: int) -> None:
         returns = evaluate(
             self,
             self.env_spec,
             self.evaluation_num_episodes,
-            seed=None if self.seed is None else self.seed + 100_000 + 1000 * self.global_rank,
+            seed=None if self.seed is None else self.seed + seed_offset + 1000 * self.global_rank,
             vectorization=getattr(self.default_datamodule, "vectorization", "auto"),
         )
         sync = self.trainer.world_size > 1
-        self.log("val/episode_return_mean", float(np.mean(returns)), sync_dist=sync, batch_size=1, prog_bar=True)
-        self.log("val/episode_return_min", float(np.min(returns)), sync_dist=sync, reduce_fx="min", batch_size=1)
-        self.log("val/episode_return_max", float(np.max(returns)), sync_dist=sync, reduce_fx="max", batch_size=1)
+        self.log(f"{prefix}/episode_return_mean", float(np.mean(returns)), sync_dist=sync, batch_size=1,
+                 prog_bar=True)
+        self.log(f"{prefix}/episode_return_min", float(np.min(returns)), sync_dist=sync, reduce_fx="min",
+                 batch_size=1)
+        self.log(f"{prefix}/episode_return_max", float(np.max(returns)), sync_dist=sync, reduce_fx="max",
+                 batch_size=1)
         self.log("step", float(self.global_counters["num_env_steps_sampled"]), batch_size=1)
 
     # ---------------------------------------------------------------- Lightning hooks
@@ -614,6 +630,15 @@ class RLModule(pl.LightningModule):
         fit_loop = trainer.fit_loop
         if self.total_env_steps and fit_loop.max_epochs == 1000 and trainer.max_steps == -1:
             fit_loop.max_epochs = -1
+
+    def on_train_start(self) -> None:
+        # Resuming a run whose budget is spent trains nothing (Lightning would start another epoch).
+        if self.total_env_steps is not None and self.global_counters[self.budget_counter] >= self.total_env_steps:
+            rank_zero_info(
+                f"{type(self).__name__} already sampled {self.global_counters[self.budget_counter]} of "
+                f"total_env_steps={self.total_env_steps}: nothing to train (raise total_env_steps to continue)"
+            )
+            self.trainer.should_stop = True
 
     def on_fit_end(self) -> None:
         self.process_settings.restore()
