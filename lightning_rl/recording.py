@@ -3,7 +3,7 @@
 ``record(model, "agent.gif")`` plays ``num_episodes`` greedy episodes on one env made with
 ``render_mode="rgb_array"`` and writes its frames as a GIF with Pillow (``pip install
 pillow``; classic-control envs such as CartPole and Pendulum render with pygame: ``pip
-install pygame``, both in the ``plot`` extra). ``load_model(ckpt_path)`` gets the algorithm
+install pygame-ce``, both in the ``plot`` extra). ``load_model(ckpt_path)`` gets the algorithm
 back from a Lightning checkpoint without being told its class.
 """
 

@@ -422,3 +422,22 @@ def test_record_max_frames_and_env_factories(runs, tmp_path):
         record(model, tmp_path / "x.gif", env="Pendulum-v1")
     with pytest.raises(ValueError, match="unknown env id"):
         record(model, tmp_path / "x.gif", env="NoSuchEnv-v0")
+
+
+# ----------------------------------------------------------------------------- packaging
+def test_no_extra_names_plain_pygame():
+    """``pygame`` and ``pygame-ce`` install the same ``pygame`` package, so an install with two extras
+    that name different ones ends with whichever came last: every extra names pygame-ce."""
+    import configparser
+
+    from packaging.requirements import Requirement
+
+    config = configparser.ConfigParser()
+    config.read(Path(__file__).resolve().parents[1] / "setup.cfg")
+    extras = {name: [Requirement(line.split("#", 1)[0].strip()).name.lower()
+                     for line in value.splitlines() if line.split("#", 1)[0].strip()]
+              for name, value in config["options.extras_require"].items()}
+    with_pygame = {name for name, reqs in extras.items() if any(r.startswith("pygame") for r in reqs)}
+    assert {"plot", "test"} <= with_pygame
+    assert not [name for name, reqs in extras.items() if "pygame" in reqs]
+    assert all("pygame-ce" in extras[name] for name in with_pygame)
