@@ -121,6 +121,14 @@ def default_policy_mapping(agent_id: str) -> str:
     return DEFAULT_POLICY_ID
 
 
+def multi_agent_algorithms() -> list[str]:
+    """The names of lightning_rl's algorithms whose ``supports_multi_agent`` is set, sorted."""
+    import lightning_rl.algorithms as algorithms
+
+    return sorted(name for name in algorithms.__all__ if not name.endswith("Module")
+                  and getattr(algorithms, name).supports_multi_agent)
+
+
 class NonFiniteLossError(FloatingPointError):
     """A loss term became NaN or infinite; raised before the optimizer steps on it."""
 
@@ -209,7 +217,8 @@ class RLModule(pl.LightningModule):
         self._update_steps: dict[str, UpdateStep] = {}  # built once per fit
         self.multi_agent = is_multi_agent_env(env)
         if self.multi_agent and not self.supports_multi_agent:
-            raise ValueError(f"{type(self).__name__} does not take multi-agent (PettingZoo) envs yet; PPO and A2C do")
+            raise ValueError(f"{type(self).__name__} does not take multi-agent (PettingZoo) envs; "
+                             f"{', '.join(multi_agent_algorithms())} do")
         if isinstance(policies, dict):
             self.policy_config = {pid: dict(cfg or {}) for pid, cfg in policies.items()}
         else:
