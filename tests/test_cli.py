@@ -51,12 +51,20 @@ def test_every_config_has_a_short_form():
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.stem)
 def test_fit_from_config_then_validate_from_its_checkpoint(config, tmp_path):
+    """Every shipped config, with its budget cut short: the fit ends with ``last.ckpt`` holding the
+    final counters (whatever the config's evaluation_interval: APEX and A3C validate, and so
+    save by cadence, every 2nd epoch only), and ``validate`` runs from it."""
     lightning_rl("fit", "-c", str(config), *SHORT[config.stem], "--trainer.default_root_dir", str(tmp_path),
                  "--trainer.enable_progress_bar", "false", cwd=tmp_path)
     assert not live_pids(processes_of(tmp_path), grace_s=3.0)  # no sampler process (IMPALA/APPO) outlives it
     (version,) = (tmp_path / "lightning_logs").glob("version_*")
-    (ckpt,) = version.glob("checkpoints/*.ckpt")
     assert (version / "config.yaml").is_file()
+    ckpt = version / "checkpoints" / "last.ckpt"
+    budget = int(SHORT[config.stem][SHORT[config.stem].index("--model.init_args.total_env_steps") + 1])
+    counters = {c.name: torch.load(c, weights_only=True)["lightning_rl"]["global_counters"]
+                for c in version.glob("checkpoints/*.ckpt")}
+    assert counters[ckpt.name]["num_env_steps_sampled"] >= budget, counters
+    assert all(counters[ckpt.name]["num_iterations"] >= c["num_iterations"] for c in counters.values()), counters
     out = lightning_rl("validate", "--ckpt_path", str(ckpt), "--trainer.default_root_dir", str(tmp_path / "val"),
                        "--trainer.enable_progress_bar", "false", cwd=tmp_path)
     assert "val/episode_return_mean" in out.stdout
@@ -66,7 +74,7 @@ def test_model_selected_by_name_on_the_command_line(tmp_path):
     lightning_rl("fit", "--model", "A2C", "--model.env", "CartPole-v1", "--model.iterations_per_epoch", "3",
                  "--model.total_env_steps", "null", "--trainer.max_epochs", "2", "--trainer.default_root_dir",
                  str(tmp_path), "--trainer.enable_progress_bar", "false", cwd=tmp_path)
-    (ckpt,) = tmp_path.glob("lightning_logs/version_0/checkpoints/*.ckpt")
+    ckpt = tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
     state = torch.load(ckpt, weights_only=True)["lightning_rl"]
     assert state["algorithm"].endswith("A2C") and state["global_counters"]["num_iterations"] == 6
 
@@ -118,7 +126,7 @@ def test_a_normal_fit_validate_and_record_print_no_warnings(tmp_path):
                        "--model.init_args.evaluation_num_episodes", "2", "--trainer.default_root_dir", str(tmp_path),
                        cwd=tmp_path)
     assert not warning_lines(fit.stderr), fit.stderr[-4000:]
-    (ckpt,) = (tmp_path / "lightning_logs").glob("version_0/checkpoints/*.ckpt")
+    ckpt = tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
     validate = lightning_rl("validate", "--ckpt_path", str(ckpt), "--trainer.default_root_dir", str(tmp_path / "val"),
                             cwd=tmp_path)
     assert not warning_lines(validate.stderr), validate.stderr[-4000:]

@@ -613,6 +613,7 @@ class RLModule(pl.LightningModule):
     def configure_callbacks(self) -> list[pl.Callback]:
         from lightning_rl.callbacks import (
             EnvStepProgressBar,
+            FinalCheckpoint,
             InterruptCheckpoint,
             LearnerInfoCallback,
             LogCadence,
@@ -623,7 +624,7 @@ class RLModule(pl.LightningModule):
             self._configure_trainer(self.trainer)
         present = {type(cb) for cb in self.trainer.callbacks} if self._trainer is not None else set()
         callbacks: list[pl.Callback] = [
-            cb() for cb in (LearnerInfoCallback, RolloutMetricsCallback, LogCadence, _FitLifecycle)
+            cb() for cb in (LearnerInfoCallback, RolloutMetricsCallback, LogCadence, _FitLifecycle, FinalCheckpoint)
             if cb not in present
         ]
         if self._trainer is not None:
