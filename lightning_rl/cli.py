@@ -19,6 +19,7 @@ from pytorch_lightning.cli import LightningCLI
 
 import lightning_rl  # noqa: F401  (defines every algorithm, so --model PPO and checkpoints resolve)
 from lightning_rl.algorithms.base import RLModule
+from lightning_rl.callbacks import InterruptCheckpoint
 from lightning_rl.checkpoint import (
     CheckpointError,
     algorithm_class,
@@ -91,6 +92,13 @@ class RLCLI(LightningCLI):
         ):
             trainer.max_epochs = -1
         self._check_env(init_args)
+
+    def instantiate_trainer(self, **kwargs: Any) -> Any:
+        trainer = super().instantiate_trainer(**kwargs)
+        if self.subcommand == "fit":  # Ctrl-C / SIGTERM: the message gives the command that resumes the run
+            # added after the Trainer is built: a Checkpoint given to it would replace its ModelCheckpoint
+            trainer.callbacks.append(InterruptCheckpoint(resume_command=self._argv))
+        return trainer
 
     def _check_env(self, init_args: Any) -> None:
         """A bad ``--model.env`` is reported as ours (naming the env and the import that

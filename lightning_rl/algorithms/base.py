@@ -629,7 +629,7 @@ class RLModule(pl.LightningModule):
         ]
         if self._trainer is not None:
             if InterruptCheckpoint not in present:
-                callbacks.append(InterruptCheckpoint(os.path.join(self.trainer.default_root_dir, "checkpoints")))
+                callbacks.append(InterruptCheckpoint())  # in the run's checkpoint folder
             # Swapped in the Trainer's list, not returned (that prints an "override" notice). Lightning's
             # default bar restarts every epoch; ours counts the run's env steps. The summary at depth 2
             # shows each policy's parameter count, not just the ModuleDict's.

@@ -22,8 +22,8 @@ class FinalCheckpoint(pl.Callback):
     """
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        checkpoint = trainer.checkpoint_callback
-        if not isinstance(checkpoint, ModelCheckpoint) or checkpoint.dirpath is None or trainer.fast_dev_run:
+        checkpoint = model_checkpoint(trainer)
+        if checkpoint is None or checkpoint.dirpath is None or trainer.fast_dev_run:
             return
         path = os.path.join(checkpoint.dirpath, checkpoint.CHECKPOINT_NAME_LAST + checkpoint.FILE_EXTENSION)
         trainer.save_checkpoint(path, weights_only=False)
@@ -31,3 +31,9 @@ class FinalCheckpoint(pl.Callback):
             if isinstance(callback, ModelCheckpoint) and callback.dirpath == checkpoint.dirpath:
                 # its own save_last (if set) then writes this same file rather than last-v1.ckpt
                 callback.last_model_path = path
+
+
+def model_checkpoint(trainer: pl.Trainer) -> ModelCheckpoint | None:
+    """The Trainer's first ``ModelCheckpoint`` (``trainer.checkpoint_callback`` is the first
+    ``Checkpoint`` of any kind, an ``OnExceptionCheckpoint`` too)."""
+    return next((cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint)), None)
