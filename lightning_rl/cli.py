@@ -10,16 +10,16 @@
 
 from __future__ import annotations
 
+import os
 import sys
-import warnings
 from pathlib import Path
 from typing import Any
 
 from pytorch_lightning.cli import LightningCLI
+from pytorch_lightning.loggers import CSVLogger
 
 import lightning_rl  # noqa: F401  (defines every algorithm, so --model PPO and checkpoints resolve)
 from lightning_rl.algorithms.base import RLModule
-from lightning_rl.callbacks import InterruptCheckpoint
 from lightning_rl.checkpoint import (
     CheckpointError,
     algorithm_class,
@@ -28,6 +28,7 @@ from lightning_rl.checkpoint import (
     read_checkpoint,
 )
 from lightning_rl.data.envs import check_env
+from lightning_rl.loggers import tensorboard_available
 
 TOOLS = ("plot", "record")
 
@@ -94,11 +95,19 @@ class RLCLI(LightningCLI):
         self._check_env(init_args)
 
     def instantiate_trainer(self, **kwargs: Any) -> Any:
-        trainer = super().instantiate_trainer(**kwargs)
-        if self.subcommand == "fit":  # Ctrl-C / SIGTERM: the message gives the command that resumes the run
-            # added after the Trainer is built: a Checkpoint given to it would replace its ModelCheckpoint
-            trainer.callbacks.append(InterruptCheckpoint(resume_command=self._argv))
-        return trainer
+        config = self._get(self.config_init, "trainer", default={})
+        if config.get("logger") in (None, True) and not tensorboard_available():
+            # Lightning's own fallback, without its notice to install another package
+            kwargs.setdefault("logger", CSVLogger(config.get("default_root_dir") or os.getcwd()))
+        return super().instantiate_trainer(**kwargs)
+
+    def instantiate_classes(self) -> None:
+        super().instantiate_classes()
+        if self.subcommand == "fit" and isinstance(self.model, RLModule):
+            # Ctrl-C / SIGTERM: the message gives the command that resumes the run. Through the module
+            # (its InterruptCheckpoint): one in the Trainer's callbacks at the start of fit would make
+            # Lightning resume from "last" and replace the default ModelCheckpoint.
+            self.model.resume_command = list(self._argv)
 
     def _check_env(self, init_args: Any) -> None:
         """A bad ``--model.env`` is reported as ours (naming the env and the import that
@@ -114,7 +123,6 @@ class RLCLI(LightningCLI):
 
 def cli(args: list[str] | None = None, run: bool = True, **kwargs: Any) -> LightningCLI:
     """Lightning's CLI with any ``RLModule`` subclass as the model (``--model PPO``)."""
-    quiet_known_warnings(sys.argv[1:] if args is None else args)
     return RLCLI(
         RLModule,
         subclass_mode_model=True,
@@ -127,19 +135,6 @@ def cli(args: list[str] | None = None, run: bool = True, **kwargs: Any) -> Light
         run=run,
         **kwargs,
     )
-
-
-def quiet_known_warnings(argv: list[str]) -> None:
-    """Silence Lightning's warnings that every normal run would print and that cannot be
-    avoided at their source; each by its exact message."""
-    # pytorch_lightning's own pytree helper on newer torch: nothing a user can act on.
-    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
-    # Our learner info is logged across epochs (and on each epoch's last iteration), so an epoch
-    # shorter than log_every_n_steps loses nothing, unlike what this says.
-    warnings.filterwarnings("ignore", message=r"The number of training batches \(\d+\) is smaller than the logging")
-    if argv[:1] and argv[0] in ("validate", "test", "predict"):
-        # Restoring a fit's ModelCheckpoint state into a new run's directory: nothing is saved here.
-        warnings.filterwarnings("ignore", message=r"The dirpath has changed from")
 
 
 def main(args: list[str] | None = None) -> int:

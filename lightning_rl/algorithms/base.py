@@ -15,7 +15,6 @@ import inspect
 import logging
 import os
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from itertools import pairwise
 from typing import Any
@@ -54,8 +53,6 @@ from lightning_rl.process import ProcessSettings
 from lightning_rl.update import LossFn, UpdateStep, nonfinite_terms
 
 log = logging.getLogger(__name__)
-# Without evaluation_interval the val loader is deliberately empty.
-warnings.filterwarnings("ignore", message="Total length of `list` across ranks is zero")
 
 COUNTER_NAMES = (
     "num_env_steps_sampled",
@@ -260,6 +257,7 @@ class RLModule(pl.LightningModule):
         self._weights_version = 0
         self._pending_datamodule_state: dict[str, Any] | None = None
         self._resumed_without_sampler_state = False
+        self.resume_command: list[str] | None = None  # lightning-rl arguments, for the message after Ctrl-C
 
     supports_multi_agent = False  # algorithms whose sampler and learner handle several policies set it
     # what total_env_steps and schedules count: env steps, or agents' steps (count_steps_by="agent_steps")
@@ -615,6 +613,7 @@ class RLModule(pl.LightningModule):
             EnvStepProgressBar,
             FinalCheckpoint,
             InterruptCheckpoint,
+            KnownWarnings,
             LearnerInfoCallback,
             LogCadence,
             RolloutMetricsCallback,
@@ -624,12 +623,14 @@ class RLModule(pl.LightningModule):
             self._configure_trainer(self.trainer)
         present = {type(cb) for cb in self.trainer.callbacks} if self._trainer is not None else set()
         callbacks: list[pl.Callback] = [
-            cb() for cb in (LearnerInfoCallback, RolloutMetricsCallback, LogCadence, _FitLifecycle, FinalCheckpoint)
+            cb() for cb in (LearnerInfoCallback, RolloutMetricsCallback, LogCadence, _FitLifecycle, FinalCheckpoint,
+                            KnownWarnings)
             if cb not in present
         ]
         if self._trainer is not None:
             if InterruptCheckpoint not in present:
-                callbacks.append(InterruptCheckpoint())  # in the run's checkpoint folder
+                # in the run's checkpoint folder; the CLI sets resume_command (its arguments)
+                callbacks.append(InterruptCheckpoint(resume_command=self.resume_command))
             # Swapped in the Trainer's list, not returned (that prints an "override" notice). Lightning's
             # default bar restarts every epoch; ours counts the run's env steps. The summary at depth 2
             # shows each policy's parameter count, not just the ModuleDict's.

@@ -3,6 +3,7 @@
 from lightning_rl.callbacks.episodes import RolloutMetricsCallback
 from lightning_rl.callbacks.final_checkpoint import FinalCheckpoint
 from lightning_rl.callbacks.interrupt import InterruptCheckpoint
+from lightning_rl.callbacks.known_warnings import KnownWarnings
 from lightning_rl.callbacks.learner_info import LearnerInfoCallback, LogCadence
 from lightning_rl.callbacks.progress import EnvStepProgressBar
 
@@ -10,6 +11,7 @@ __all__ = [
     "EnvStepProgressBar",
     "FinalCheckpoint",
     "InterruptCheckpoint",
+    "KnownWarnings",
     "LearnerInfoCallback",
     "LogCadence",
     "RolloutMetricsCallback",
