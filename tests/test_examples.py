@@ -77,3 +77,14 @@ def test_readme_coming_from_sb3_block_runs(tmp_path, monkeypatch):
     assert torch.equal(loaded.policy.obs_rms.mean, model.policy.obs_rms.mean) and model.policy.obs_rms.count > 0
     obs = np.random.default_rng(0).normal(size=(32, 4)).astype(np.float32)
     np.testing.assert_array_equal(loaded.predict(obs, deterministic=True)[0], model.predict(obs, deterministic=True)[0])
+
+
+def test_examples_log_to_csv_without_tensorboard(tmp_path, monkeypatch):
+    """Without the tensorboard extra an example falls back to CSV logs (as the CLI does), rather
+    than failing to build its TensorBoardLogger."""
+    import lightning_rl.loggers
+
+    monkeypatch.setattr(lightning_rl.loggers, "tensorboard_available", lambda: False)
+    load("ppo_cartpole").main(["--total-env-steps", "512", "--log-dir", str(tmp_path)])
+    assert (tmp_path / "ppo_cartpole" / "version_0" / "metrics.csv").is_file()
+    assert not list(tmp_path.rglob("events.out.tfevents.*"))
