@@ -424,6 +424,34 @@ def test_record_max_frames_and_env_factories(runs, tmp_path):
         record(model, tmp_path / "x.gif", env="NoSuchEnv-v0")
 
 
+def test_record_a_multi_agent_checkpoint(tmp_path, capsys):
+    """MPE's speaker and listener, each acting with its own policy: ``lightning-rl record`` on a
+    multi-agent checkpoint writes a GIF of the env's frames, and the team return it reports is
+    the one evaluation gets on the same seed. A multi-agent env that cannot render is named."""
+    _needs("PIL", "pygame", "mpe2")
+    from lightning_rl.evaluation import evaluate_multi_agent
+    from tests.multi_agent_envs import Relay
+
+    model = PPO(env="mpe2.simple_speaker_listener_v4.parallel_env", policies=["speaker", "listener"],
+                policy_mapping_fn={"speaker_0": "speaker", "listener_0": "listener"}, num_envs=1,
+                rollout_fragment_length=25, sgd_minibatch_size=25, num_sgd_iter=1, total_env_steps=25, seed=0)
+    trainer = quiet_trainer()
+    trainer.fit(model)
+    trainer.save_checkpoint(tmp_path / "ma.ckpt", weights_only=False)
+    out = tmp_path / "ma.gif"
+    assert recording.main(["--ckpt_path", str(tmp_path / "ma.ckpt"), "--out", str(out), "--num-episodes", "1",
+                           "--seed", "3"]) == 0
+    printed = capsys.readouterr().out
+    loaded = load_model(tmp_path / "ma.ckpt")
+    (team,) = evaluate_multi_agent(loaded, loaded.env_spec, num_episodes=1, seed=3)
+    assert f"wrote {out} (PPO, episode returns: {team:.1f})" in printed
+    with _gif(out) as im:
+        assert im.size == (700, 700) and im.n_frames > 10  # MPE's frames: 25 steps and the reset (repeats merge)
+
+    with pytest.raises(ValueError, match=r"multi-agent env .*Relay.* render_mode=None"):
+        record(PPO(env=Relay, num_envs=1, rollout_fragment_length=4, sgd_minibatch_size=4), tmp_path / "r.gif")
+
+
 # ----------------------------------------------------------------------------- packaging
 def test_no_extra_names_plain_pygame():
     """``pygame`` and ``pygame-ce`` install the same ``pygame`` package, so an install with two extras
