@@ -285,6 +285,66 @@ def test_runs_sharing_no_range_are_an_error(tmp_path):
     assert f"{str(first)!r} [100, 200]" in str(err.value) and f"{str(resumed)!r} [200, 300]" in str(err.value)
 
 
+def _hparams(run, **settings):
+    """``hparams.yaml`` beside a run's ``metrics.csv``, as Lightning's loggers write it (a tuple
+    hyperparameter as ``!!python/tuple``)."""
+    lines = [f"{k}: {v}" for k, v in {"env": "CartPole-v1", "lr": 0.001, "seed": 0, "total_env_steps": 1000,
+                                      "algorithm": "lightning_rl.algorithms.ppo.PPO", **settings}.items()]
+    lines += ["hiddens: !!python/tuple", "- 64", "- 64", "_instantiator: pytorch_lightning.cli.instantiate_module"]
+    (run.parent / "hparams.yaml").write_text("\n".join(lines) + "\n")
+    return run
+
+
+def test_runs_of_different_algorithms_or_settings_are_different_lines(runs, tmp_path):
+    """Seeds of one algorithm and settings are one line; another algorithm, or another ``lr``, is
+    another line, labelled with what differs. The loggers' hparams.yaml names the algorithm."""
+    ppo = [_hparams(_train_run(tmp_path / f"ppo{seed}", [100, 200], [1.0 + seed, 2.0]), seed=seed)
+           for seed in (0, 1)]
+    dqn = [_hparams(_train_run(tmp_path / f"dqn{seed}", [100, 200], [5.0, 6.0 + seed]), seed=seed,
+                    algorithm="lightning_rl.algorithms.dqn.DQN") for seed in (0, 1)]
+    slow = _hparams(_train_run(tmp_path / "slow", [100, 200], [0.0, 0.5]), lr=0.0003)
+    fast = _hparams(_train_run(tmp_path / "fast", [100, 200], [3.0, 4.0]), num_cpu_threads=4, seed=7)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        curves = {c.label: c for c in collect_curves(tmp_path)}
+    assert set(curves) == {"PPO lr=0.001", "DQN lr=0.001", "PPO lr=0.0003"}
+    assert set(curves["PPO lr=0.001"].runs) == {*ppo, fast}  # threads and seeds are not settings
+    assert set(curves["DQN lr=0.001"].runs) == set(dqn)
+    assert curves["PPO lr=0.0003"].runs == (slow,)
+    np.testing.assert_allclose(curves["DQN lr=0.001"].mean, [5.0, 6.5])
+    # labels still make the lines: the user's choice
+    [both] = collect_curves([tmp_path / "ppo0", tmp_path / "dqn0"], labels=["mine", "mine"])
+    assert both.label == "mine" and len(both.runs) == 2
+    (logged,) = (runs / "csv" / "seed0").rglob("hparams.yaml")  # a real run's
+    assert plotting._read_yaml(logged)["algorithm"] == "lightning_rl.algorithms.ppo.PPO"
+
+
+def test_a_resumed_run_continues_its_own_curve(tmp_path):
+    """``version_1`` resumed ``version_0`` (the Python API: same settings and seed, a larger budget,
+    env steps that continue) and is drawn as one run with it; so is ``version_3``, which the CLI
+    resumed from a mid-run checkpoint of ``version_2`` (its config.yaml names the file): its
+    points replace ``version_2``'s from where it starts. The seed-1 run beside them is a seed of
+    the same line; a run of seed 0 started afresh is not joined to anything."""
+    logs = tmp_path / "lightning_logs"
+    first = _hparams(_train_run(logs / "version_0", [100, 200, 300], [1.0, 2.0, 3.0]))
+    resumed = _hparams(_train_run(logs / "version_1", [400, 500], [4.0, 5.0]), total_env_steps=2000)
+    cli_first = _hparams(_train_run(logs / "version_2", [100, 200, 300], [1.0, 2.0, 3.0]), seed=1)
+    cli_resumed = _hparams(_train_run(logs / "version_3", [300, 400, 500], [30.0, 40.0, 50.0]), seed=1)
+    (logs / "version_3" / "config.yaml").write_text(
+        "seed_everything: 1\nckpt_path: lightning_logs/version_2/checkpoints/epoch=1-step=200.ckpt\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        [curve] = collect_curves(logs)
+    assert curve.runs == (first, cli_first) and curve.parts == ((first, resumed), (cli_first, cli_resumed))
+    np.testing.assert_array_equal(curve.steps, [100, 200, 300, 400, 500])
+    np.testing.assert_allclose(curve.values, [[1.0, 2.0, 3.0, 4.0, 5.0], [1.0, 2.0, 30.0, 40.0, 50.0]])
+
+    again = _hparams(_train_run(logs / "version_4", [100, 200], [9.0, 9.0]))  # seed 0 afresh
+    with pytest.warns(UserWarning, match="cover different env-step ranges"):
+        [curve] = collect_curves(logs)
+    assert curve.runs == (first, cli_first, again) and curve.parts[2] == (again,)
+
+
 def test_plot_command_line_warns_on_stderr_and_exits_1_without_a_curve(tmp_path, capsys):
     _needs("matplotlib", "PIL")
     logs = tmp_path / "logs"

@@ -281,6 +281,8 @@ class RLModule(pl.LightningModule):
         for name, value in replaced.items():
             self._hparams[name] = value
             self._hparams_initial[name] = copy.deepcopy(value)
+        # what loggers record (hparams.yaml) beside the settings, so `plot` tells algorithms apart
+        self._hparams_initial.setdefault("algorithm", class_path(type(self)))
 
     # ----------------------------------------------------------------- policies
     def check_spaces(self, observation_space: gym.Space, action_space: gym.Space) -> None:
