@@ -477,24 +477,27 @@ def _interval(steps: np.ndarray) -> float:
 
 def _by_experiment(runs: list[_Run]) -> dict[str, list[_Run]]:
     """Runs grouped by algorithm and settings, seeds excepted (``NOT_CONFIG``); each group's
-    label names the algorithm and the settings that differ between the groups (none with one
-    group). Runs without ``hparams.yaml`` form one group of their own."""
+    label names the algorithm and the settings that differ between its groups of that algorithm
+    (no label with one group). Runs without ``hparams.yaml`` form one group of their own."""
     groups: dict[str | None, list[_Run]] = {}
     for run in runs:
         groups.setdefault(run.settings(NOT_CONFIG), []).append(run)
     if len(groups) == 1:
         return {"": runs}
-    settings = {key: (json.loads(key) if key is not None else None) for key in groups}
-    known = [v for v in settings.values() if v is not None]
-    differing = sorted({k for v in known for k in v if len({json.dumps(o.get(k), default=str) for o in known}) > 1}
-                       - {"algorithm"})
+    settings = {key: json.loads(key) for key in groups if key is not None}
+    by_algorithm: dict[str, list[dict]] = {}
+    for values in settings.values():
+        by_algorithm.setdefault(str(values.get("algorithm", "")).rsplit(".", 1)[-1], []).append(values)
     out: dict[str, list[_Run]] = {}
     for key, group in groups.items():
-        values = settings[key]
-        if values is None:
+        if key is None:
             label = "(no hparams.yaml)"
         else:
+            values = settings[key]
             algorithm = str(values.get("algorithm", "")).rsplit(".", 1)[-1]
+            siblings = by_algorithm[algorithm]
+            differing = sorted(k for k in {k for v in siblings for k in v}
+                               if len({json.dumps(v.get(k), default=str) for v in siblings}) > 1)
             shown = [f"{k}={values.get(k)}" for k in differing[:3]] + (["..."] if len(differing) > 3 else [])
             label = " ".join(filter(None, [algorithm, ", ".join(shown)])) or "runs"
         while label in out:
