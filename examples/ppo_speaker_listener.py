@@ -7,7 +7,7 @@ say where the goal is and the listener learns to listen. Their spaces differ, so
 has its own policy (``policy_mapping_fn`` as a table, which a checkpoint keeps).
 
     pip install "lightning-rl[multiagent]" mpe2
-    python examples/ppo_speaker_listener.py              # 200k env steps, about 2-3 minutes on 2 cores
+    python examples/ppo_speaker_listener.py              # 200k env steps, 1.5-4.5 minutes on 2 busy cores
     tensorboard --logdir runs                             # rollout/policy_return_mean/speaker, .../listener
 """
 

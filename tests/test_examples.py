@@ -60,6 +60,19 @@ def readme_block(tag: str) -> str:
     return "\n".join(lines[start:lines.index("```", start)])
 
 
+def test_readme_first_block_runs(tmp_path, monkeypatch):
+    """The README's first snippet, with a 512-step budget: it trains, and acts on an observation it defines."""
+    code = readme_block("quickstart")
+    assert "lambda_=0.8, seed=0)" in code
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    exec(compile(code.replace("lambda_=0.8, seed=0)", "lambda_=0.8, seed=0, total_env_steps=512)"), "README.md",
+                 "exec"), scope)
+    model = scope["model"]
+    assert model.counters["num_env_steps_sampled"] >= 512
+    assert model.compute_actions(scope["obs"], explore=False) in (0, 1)
+
+
 def test_readme_coming_from_sb3_block_runs(tmp_path, monkeypatch):
     """The README's side-by-side with SB3, with a 2,048-step budget: trains, predicts one valid
     action, saves, and the reloaded model (normalization statistics included) acts the same."""
