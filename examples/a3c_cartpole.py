@@ -1,5 +1,5 @@
 """Train A3C on CartPole-v1: 2 sampler processes compute gradients on their own rollouts and the
-learner applies each as it arrives, with TensorBoard logs.
+learner applies each as it arrives, with TensorBoard logs (CSV without tensorboard).
 
     python examples/a3c_cartpole.py                      # 2 workers x 8 envs, 500k env steps
     python examples/a3c_cartpole.py --num-workers 0      # the synchronous baseline (A2C-like)
@@ -11,9 +11,9 @@ from __future__ import annotations
 import argparse
 
 import pytorch_lightning as pl
-from pytorch_lightning.loggers import TensorBoardLogger
 
 from lightning_rl import A3C, evaluate
+from lightning_rl.loggers import default_logger
 
 
 def main(argv: list[str] | None = None) -> float:
@@ -26,12 +26,12 @@ def main(argv: list[str] | None = None) -> float:
 
     model = A3C(env="CartPole-v1", num_workers=args.num_workers, total_env_steps=args.total_env_steps,
                 seed=args.seed)
-    trainer = pl.Trainer(logger=TensorBoardLogger(args.log_dir, name="a3c_cartpole"), log_every_n_steps=50,
+    trainer = pl.Trainer(max_epochs=-1, logger=default_logger(args.log_dir, name="a3c_cartpole"), log_every_n_steps=50,
                          enable_checkpointing=False)
     trainer.fit(model)
     greedy = float(sum(evaluate(model, num_episodes=10, seed=args.seed + 1)) / 10)
     print(f"A3C CartPole-v1, {args.num_workers} sampler workers: greedy return {greedy:.1f} after "
-          f"{model.counters['num_env_steps_sampled']} env steps; TensorBoard logs in {trainer.logger.log_dir}")
+          f"{model.counters['num_env_steps_sampled']} env steps; logs in {trainer.logger.log_dir}")
     return greedy
 
 

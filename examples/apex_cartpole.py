@@ -1,5 +1,5 @@
 """Train Ape-X DQN on CartPole-v1: 2 sampler processes explore with their own epsilons and fill
-one prioritized replay, with TensorBoard logs.
+one prioritized replay, with TensorBoard logs (CSV without tensorboard).
 
     python examples/apex_cartpole.py                     # 2 workers x 4 envs, 100k env steps
     python examples/apex_cartpole.py --num-workers 0     # the synchronous baseline
@@ -11,9 +11,9 @@ from __future__ import annotations
 import argparse
 
 import pytorch_lightning as pl
-from pytorch_lightning.loggers import TensorBoardLogger
 
 from lightning_rl import APEX, evaluate
+from lightning_rl.loggers import default_logger
 
 
 def main(argv: list[str] | None = None) -> float:
@@ -26,12 +26,12 @@ def main(argv: list[str] | None = None) -> float:
 
     model = APEX(env="CartPole-v1", num_workers=args.num_workers, total_env_steps=args.total_env_steps,
                  seed=args.seed)
-    trainer = pl.Trainer(logger=TensorBoardLogger(args.log_dir, name="apex_cartpole"), log_every_n_steps=10,
+    trainer = pl.Trainer(max_epochs=-1, logger=default_logger(args.log_dir, name="apex_cartpole"), log_every_n_steps=10,
                          enable_checkpointing=False)
     trainer.fit(model)
     greedy = float(sum(evaluate(model, num_episodes=10, seed=args.seed + 1)) / 10)
     print(f"APEX CartPole-v1, {args.num_workers} sampler workers: greedy return {greedy:.1f} after "
-          f"{model.counters['num_env_steps_sampled']} env steps; TensorBoard logs in {trainer.logger.log_dir}")
+          f"{model.counters['num_env_steps_sampled']} env steps; logs in {trainer.logger.log_dir}")
     return greedy
 
 

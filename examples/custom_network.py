@@ -18,11 +18,11 @@ import gymnasium as gym
 import numpy as np
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.loggers import TensorBoardLogger
 from torch import Tensor, nn
 
 from lightning_rl import PPO
 from lightning_rl.evaluation import evaluate
+from lightning_rl.loggers import default_logger
 
 
 class ResidualEncoder(nn.Module):
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> float:
 
     model = PPO(env="CartPole-v1", encoder=partial(ResidualEncoder, features=64, blocks=2), hiddens=[64],
                 activation="gelu", total_env_steps=args.total_env_steps, seed=args.seed)
-    trainer = pl.Trainer(logger=TensorBoardLogger(args.log_dir, name="custom_network"), log_every_n_steps=5,
+    trainer = pl.Trainer(max_epochs=-1, logger=default_logger(args.log_dir, name="custom_network"), log_every_n_steps=5,
                          enable_checkpointing=False)
     trainer.fit(model)
     result = float(np.mean(evaluate(model, num_episodes=10, seed=args.seed + 1)))

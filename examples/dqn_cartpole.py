@@ -9,9 +9,9 @@ import argparse
 
 import pytorch_lightning as pl
 from pytorch_lightning.callbacks import EarlyStopping
-from pytorch_lightning.loggers import TensorBoardLogger
 
 from lightning_rl import DQN
+from lightning_rl.loggers import default_logger
 
 
 def main(argv: list[str] | None = None) -> float:
@@ -39,7 +39,8 @@ def main(argv: list[str] | None = None) -> float:
     )
     stop = EarlyStopping(monitor="val/episode_return_mean", mode="max", stopping_threshold=475, patience=1000)
     trainer = pl.Trainer(
-        logger=TensorBoardLogger(args.log_dir, name="dqn_cartpole"),
+        max_epochs=-1,  # the budget is the limit
+        logger=default_logger(args.log_dir, name="dqn_cartpole"),
         log_every_n_steps=10,
         callbacks=[stop],
         enable_checkpointing=False,

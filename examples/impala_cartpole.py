@@ -1,4 +1,5 @@
-"""Train IMPALA (or APPO) on CartPole-v1 with asynchronous sampler processes, with TensorBoard logs.
+"""Train IMPALA (or APPO) on CartPole-v1 with asynchronous sampler processes, with TensorBoard logs
+(CSV without tensorboard).
 
     python examples/impala_cartpole.py                     # 2 workers x 4 envs, 500k env steps
     python examples/impala_cartpole.py --algo APPO --num-workers 0   # the synchronous baseline
@@ -10,9 +11,9 @@ from __future__ import annotations
 import argparse
 
 import pytorch_lightning as pl
-from pytorch_lightning.loggers import TensorBoardLogger
 
 from lightning_rl import APPO, IMPALA, evaluate
+from lightning_rl.loggers import default_logger
 
 
 def main(argv: list[str] | None = None) -> float:
@@ -28,12 +29,12 @@ def main(argv: list[str] | None = None) -> float:
     model = algo(env="CartPole-v1", num_workers=args.num_workers, num_envs=4, rollout_fragment_length=50,
                  train_batch_size=500, total_env_steps=args.total_env_steps, seed=args.seed)
     name = f"{args.algo.lower()}_cartpole"
-    trainer = pl.Trainer(logger=TensorBoardLogger(args.log_dir, name=name), log_every_n_steps=5,
+    trainer = pl.Trainer(max_epochs=-1, logger=default_logger(args.log_dir, name=name), log_every_n_steps=5,
                          enable_checkpointing=False)
     trainer.fit(model)
     greedy = float(sum(evaluate(model, num_episodes=10, seed=args.seed + 1)) / 10)
     print(f"{args.algo} CartPole-v1, {args.num_workers} sampler workers: greedy return {greedy:.1f} after "
-          f"{model.counters['num_env_steps_sampled']} env steps; TensorBoard logs in {trainer.logger.log_dir}")
+          f"{model.counters['num_env_steps_sampled']} env steps; logs in {trainer.logger.log_dir}")
     return greedy
 
 

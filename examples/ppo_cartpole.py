@@ -1,4 +1,4 @@
-"""Train PPO on CartPole-v1 at rl-zoo's settings, with TensorBoard logs.
+"""Train PPO on CartPole-v1 at rl-zoo's settings, with TensorBoard logs (CSV without tensorboard).
 
     python examples/ppo_cartpole.py                 # 100k env steps, logs in runs/ppo_cartpole
     tensorboard --logdir runs
@@ -9,9 +9,9 @@ from __future__ import annotations
 import argparse
 
 import pytorch_lightning as pl
-from pytorch_lightning.loggers import TensorBoardLogger
 
 from lightning_rl import PPO
+from lightning_rl.loggers import default_logger
 
 
 def main(argv: list[str] | None = None) -> float:
@@ -37,7 +37,8 @@ def main(argv: list[str] | None = None) -> float:
         seed=args.seed,
     )
     trainer = pl.Trainer(
-        logger=TensorBoardLogger(args.log_dir, name="ppo_cartpole"),
+        max_epochs=-1,  # the budget is the limit
+        logger=default_logger(args.log_dir, name="ppo_cartpole"),
         log_every_n_steps=5,
         enable_checkpointing=False,
     )
@@ -45,7 +46,7 @@ def main(argv: list[str] | None = None) -> float:
     result = float(trainer.callback_metrics["rollout/episode_return_mean"])
     print(
         f"PPO CartPole-v1: mean return of the last 100 episodes {result:.1f} after "
-        f"{model.counters['num_env_steps_sampled']} env steps; TensorBoard logs in {trainer.logger.log_dir}"
+        f"{model.counters['num_env_steps_sampled']} env steps; logs in {trainer.logger.log_dir}"
     )
     return result
 

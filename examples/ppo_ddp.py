@@ -17,9 +17,9 @@ from __future__ import annotations
 import argparse
 
 import pytorch_lightning as pl
-from pytorch_lightning.loggers import TensorBoardLogger
 
 from lightning_rl import PPO
+from lightning_rl.loggers import default_logger
 
 
 def main(argv: list[str] | None = None) -> float:
@@ -48,11 +48,12 @@ def main(argv: list[str] | None = None) -> float:
         seed=args.seed,
     )
     trainer = pl.Trainer(
+        max_epochs=-1,  # the budget is the limit
         strategy="ddp",
         accelerator=args.accelerator,
         devices=args.devices,
         num_nodes=args.num_nodes,
-        logger=TensorBoardLogger(args.log_dir, name="ppo_ddp"),
+        logger=default_logger(args.log_dir, name="ppo_ddp"),
         log_every_n_steps=5,
         enable_checkpointing=False,
     )

@@ -16,9 +16,9 @@ import argparse
 import gymnasium as gym
 import numpy as np
 import pytorch_lightning as pl
-from pytorch_lightning.loggers import TensorBoardLogger
 
 from lightning_rl import PPO
+from lightning_rl.loggers import default_logger
 
 
 def cartpole_without_velocities() -> gym.Env:
@@ -73,8 +73,8 @@ def main(argv: list[str] | None = None) -> float:
         compile=args.compile,
     )
     last = LastEpisodes(20)
-    trainer = pl.Trainer(logger=TensorBoardLogger(args.log_dir, name="ppo_lstm_cartpole"), log_every_n_steps=5,
-                         enable_checkpointing=False, callbacks=[last])
+    trainer = pl.Trainer(max_epochs=-1, logger=default_logger(args.log_dir, name="ppo_lstm_cartpole"),
+                         log_every_n_steps=5, enable_checkpointing=False, callbacks=[last])
     trainer.fit(model)
     kind = "feed-forward" if args.no_lstm else "LSTM"
     print(f"PPO ({kind}) on CartPole without velocities: mean return of the last 20 training episodes "

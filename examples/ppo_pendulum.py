@@ -8,9 +8,9 @@ from __future__ import annotations
 import argparse
 
 import pytorch_lightning as pl
-from pytorch_lightning.loggers import TensorBoardLogger
 
 from lightning_rl import PPO
+from lightning_rl.loggers import default_logger
 
 
 def main(argv: list[str] | None = None) -> float:
@@ -34,7 +34,8 @@ def main(argv: list[str] | None = None) -> float:
         seed=args.seed,
     )
     trainer = pl.Trainer(
-        logger=TensorBoardLogger(args.log_dir, name="ppo_pendulum"), log_every_n_steps=1, enable_checkpointing=False
+        max_epochs=-1,  # the budget is the limit
+        logger=default_logger(args.log_dir, name="ppo_pendulum"), log_every_n_steps=1, enable_checkpointing=False
     )
     trainer.fit(model)
     result = float(trainer.callback_metrics["rollout/episode_return_mean"])

@@ -9,9 +9,9 @@ import argparse
 
 import numpy as np
 import pytorch_lightning as pl
-from pytorch_lightning.loggers import TensorBoardLogger
 
 from lightning_rl import SAC, evaluate
+from lightning_rl.loggers import default_logger
 
 
 def main(argv: list[str] | None = None) -> float:
@@ -23,7 +23,8 @@ def main(argv: list[str] | None = None) -> float:
 
     model = SAC(env="Pendulum-v1", total_env_steps=args.total_env_steps, seed=args.seed)
     trainer = pl.Trainer(
-        logger=TensorBoardLogger(args.log_dir, name="sac_pendulum"), log_every_n_steps=200, enable_checkpointing=False
+        max_epochs=-1,  # the budget is the limit
+        logger=default_logger(args.log_dir, name="sac_pendulum"), log_every_n_steps=200, enable_checkpointing=False
     )
     trainer.fit(model)
     result = float(np.mean(evaluate(model, num_episodes=10, seed=args.seed + 1)))

@@ -199,13 +199,39 @@ class CheckedCheckpointIO(CheckpointIO):
         # Read on the CPU: Lightning moves weights and optimizer state to the module's device.
         trainer = getattr(self.module, "_trainer", None)
         resuming = trainer is None or trainer.state.fn == TrainerFn.FITTING
-        return check_compatible(path, self.module, resuming)
+        checkpoint = check_compatible(path, self.module, resuming)
+        if trainer is not None:
+            drop_foreign_callback_states(checkpoint, trainer, resuming)
+        return checkpoint
 
     def remove_checkpoint(self, path: Any) -> None:
         self.inner.remove_checkpoint(path)
 
     def teardown(self) -> None:
         self.inner.teardown()
+
+
+def drop_foreign_callback_states(checkpoint: dict[str, Any], trainer: Any, resuming: bool) -> None:
+    """Callback states that the run restoring ``checkpoint`` has no use for, removed before
+    Lightning restores them (and prints notices about them):
+
+    - evaluating (validate, test, predict): every one; evaluation restores the weights, and a
+      fit's ModelCheckpoint or EarlyStopping has nothing to act on;
+    - resuming a fit into another folder (the CLI's next version folder): the state of a
+      ModelCheckpoint whose folder was another one. Lightning would keep only its
+      ``best_model_path``, a file of the other folder, and not its scores or top-k files."""
+    states = checkpoint.get("callbacks")
+    if not states:
+        return
+    if not resuming:
+        del checkpoint["callbacks"]
+        return
+    from pytorch_lightning.callbacks import ModelCheckpoint
+
+    for callback in trainer.checkpoint_callbacks:
+        state = states.get(callback.state_key) if isinstance(callback, ModelCheckpoint) else None
+        if isinstance(state, dict) and state.get("dirpath") != callback.dirpath:
+            del states[callback.state_key]
 
 
 # ----------------------------------------------------------------------------- callable hyperparameters

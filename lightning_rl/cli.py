@@ -24,13 +24,13 @@ import re
 import sys
 import traceback
 import typing
-import warnings
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any, NoReturn
 
 from jsonargparse import Namespace
 from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
+from pytorch_lightning.loggers import CSVLogger
 
 import lightning_rl  # defines every algorithm, so --model PPO and checkpoints resolve
 from lightning_rl.algorithms.base import RLModule
@@ -46,6 +46,7 @@ from lightning_rl.checkpoint import (
     resolve_algorithm,
 )
 from lightning_rl.data.envs import check_env
+from lightning_rl.loggers import tensorboard_available
 
 PROG = "lightning-rl"
 TOOLS = ("plot", "record")
@@ -215,6 +216,13 @@ class RLCLI(LightningCLI):
             trainer.max_epochs = -1
         self._check_env(init_args)
 
+    def instantiate_trainer(self, **kwargs: Any) -> Any:
+        config = self._get(self.config_init, "trainer", default={})
+        if config.get("logger") in (None, True) and not tensorboard_available():
+            # Lightning's own fallback, without its notice to install another package
+            kwargs.setdefault("logger", CSVLogger(config.get("default_root_dir") or os.getcwd()))
+        return super().instantiate_trainer(**kwargs)
+
     def _check_env(self, init_args: Any) -> None:
         """A bad ``--model.env`` is reported as ours (naming the env and the import that
         failed), not as jsonargparse's "does not validate against any of the Union subtypes"."""
@@ -234,6 +242,11 @@ class RLCLI(LightningCLI):
             if cause is None:
                 raise
             self.parser.error(str(cause))
+        if self.subcommand == "fit" and isinstance(self.model, RLModule):
+            # Ctrl-C / SIGTERM: the message gives the command that resumes the run. Through the module
+            # (its InterruptCheckpoint): one in the Trainer's callbacks at the start of fit would make
+            # Lightning resume from "last" and replace the default ModelCheckpoint.
+            self.model.resume_command = list(self._argv)
 
 
 def _raised_by_lightning_rl(err: BaseException) -> BaseException | None:
@@ -319,7 +332,6 @@ def _type_name(text: str) -> str:
 
 def cli(args: list[str] | None = None, run: bool = True, **kwargs: Any) -> LightningCLI:
     """Lightning's CLI with any ``RLModule`` subclass as the model (``--model PPO``)."""
-    quiet_known_warnings(sys.argv[1:] if args is None else args)
     names = ", ".join(algorithm_names())
     return RLCLI(
         RLModule,
@@ -335,19 +347,6 @@ def cli(args: list[str] | None = None, run: bool = True, **kwargs: Any) -> Light
         run=run,
         **kwargs,
     )
-
-
-def quiet_known_warnings(argv: list[str]) -> None:
-    """Silence Lightning's warnings that every normal run would print and that cannot be
-    avoided at their source; each by its exact message."""
-    # pytorch_lightning's own pytree helper on newer torch: nothing a user can act on.
-    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
-    # Our learner info is logged across epochs (and on each epoch's last iteration), so an epoch
-    # shorter than log_every_n_steps loses nothing, unlike what this says.
-    warnings.filterwarnings("ignore", message=r"The number of training batches \(\d+\) is smaller than the logging")
-    if argv[:1] and argv[0] in ("validate", "test"):
-        # Restoring a fit's ModelCheckpoint state into a new run's directory: nothing is saved here.
-        warnings.filterwarnings("ignore", message=r"The dirpath has changed from")
 
 
 def main(args: list[str] | None = None) -> int:

@@ -12,19 +12,30 @@ that did not log it (say the version dir of a ``lightning-rl validate`` run, whi
 ``val/…`` metrics) or has fewer than 2 points of it is skipped with a warning naming the
 run and what it has; when no run is left, it is a ``ValueError`` — never empty axes.
 
-The runs of one line are taken as seeds of the same experiment: their curves are
-interpolated onto a common env-step grid and drawn as the mean with a min–max (or ±std)
-band. With ``labels`` (one per log dir) each distinct label is its own line; log dirs
-sharing a label are pooled as seeds.
+An *experiment* is one line: runs of the same algorithm with the same settings, seeds
+excepted, read from each run's ``hparams.yaml`` (which Lightning's loggers write, the algorithm
+included); settings that do not change what is learned (threads, evaluation, ``compile``) are
+not told apart either. Runs without ``hparams.yaml`` form one experiment of their own. The runs
+of one line are taken as seeds: their curves are interpolated onto a common env-step grid and
+drawn as the mean with a min–max (or ±std) band; with several lines each is labelled with the
+algorithm and the settings that differ. With ``labels`` (one per log dir) each distinct label
+is its own line instead, pooling the runs of the log dirs that carry it.
+
+A run that was interrupted and resumed lives in two version folders (``version_0``, then
+``version_1`` resumed from a checkpoint of it): the resumed one is joined to the run it
+continues, into one run (its points from where the resumed run's begin). The run it
+continues is the one whose folder holds the checkpoint the CLI's ``config.yaml`` names
+(``ckpt_path``); otherwise (the Python API) the run with the same settings and seed, apart from
+what a resume may change (the budget), whose env steps it continues: its first point comes
+after that run's first and at most two logging intervals after that run's last.
 
 Runs of different lengths (one stopped early, or still running): the mean and band cover
 only the env-step range that *every* run of the line covers, so at each step they are
 taken over all the runs and the legend's "mean of n runs" holds everywhere (a mean over
 whichever runs remain would jump when a run drops out). Nothing is cut away, though: the
 part of each run outside that common range is drawn as a thin line of the same colour, and
-a warning gives each run's first and last env step and the common range. Runs that share
-no range (say a run and its resumed continuation in the next version dir) are not seeds of
-one experiment: pooling them is a ``ValueError``; give them different labels.
+a warning gives each run's first and last env step and the common range. Runs of one line
+that share no range cannot be pooled: a ``ValueError`` (give them different labels).
 :func:`collect_curves` returns exactly what is drawn.
 
 Drawing needs matplotlib (``pip install matplotlib``, or the ``plot`` extra).
@@ -59,6 +70,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import math
 import sys
 import warnings
@@ -224,6 +236,8 @@ class Curve:
     steps: np.ndarray
     values: np.ndarray
     outside: tuple[tuple[Path, np.ndarray, np.ndarray], ...] = ()
+    #: each run's log files, one per version folder: the run itself, then the runs resumed from it
+    parts: tuple[tuple[Path, ...], ...] = ()
 
     @property
     def mean(self) -> np.ndarray:
@@ -248,24 +262,25 @@ def collect_curves(
     labels: Sequence[str] | None = None,
     source: Source = "auto",
 ) -> list[Curve]:
-    """The lines :func:`plot_curves` draws: one :class:`Curve` per distinct label (one in all without labels).
+    """The lines :func:`plot_curves` draws: one :class:`Curve` per experiment (see the module
+    docstring), or per distinct label when ``labels`` are given.
 
-    Every run under ``log_dirs`` with at least 2 points of ``metric`` is used. Warns
-    (``UserWarning``) for each run skipped, naming it and the metrics it has, for a label
-    left with no run, and for a line whose runs cover different env-step ranges (see the
-    module docstring). Raises ``ValueError`` when no run has ``metric`` to draw, when the
-    runs of one line share no env-step range, or on bad ``labels``; ``FileNotFoundError``
-    when a log dir holds no log files.
+    A run resumed from another's checkpoint is first joined to it (:attr:`Curve.parts`). Every
+    (joined) run with at least 2 points of ``metric`` is used. Warns (``UserWarning``) for each
+    run skipped, naming it and the metrics it has, for a label left with no run, and for a line
+    whose runs cover different env-step ranges (see the module docstring). Raises
+    ``ValueError`` when no run has ``metric`` to draw, when the runs of one line share no
+    env-step range, or on bad ``labels``; ``FileNotFoundError`` when a log dir holds no log files.
     """
     log_dirs = _as_list(log_dirs)
     if labels is not None and len(labels) != len(log_dirs):
         raise ValueError(f"got {len(labels)} labels for {len(log_dirs)} log dirs; give one label per log dir")
-    groups: dict[str, list[tuple[Path, np.ndarray, np.ndarray]]] = {}
+    by_label: dict[str, list[_Run]] = {}
     missing: list[Path] = []
     too_short: list[Path] = []
     others: set[str] = set()
     for i, log_dir in enumerate(log_dirs):
-        group = groups.setdefault(labels[i] if labels is not None else "", [])
+        runs = by_label.setdefault(labels[i] if labels is not None else "", [])
         for run in find_runs(log_dir, source):
             try:
                 steps, values = _read_run(run, metric)
@@ -276,14 +291,23 @@ def collect_curves(
                 warnings.warn(f"skipping {str(run)!r}: it has no metric {metric!r}; its metrics: {names}",
                               UserWarning, stacklevel=2)
                 continue
-            if len(steps) < MIN_POINTS:
-                too_short.append(run)
-                at = f" (at env step {steps[0]})" if len(steps) else ""
-                warnings.warn(f"skipping {str(run)!r}: it has {len(steps)} point(s) of {metric!r}{at}, "
-                              f"fewer than the {MIN_POINTS} a curve needs", UserWarning, stacklevel=2)
+            runs.append(_Run.read(run, steps, values))
+    lines: dict[str, list[_Run]] = {}
+    for label, runs in by_label.items():
+        kept = []
+        for run in _join_resumed(runs):
+            if len(run.steps) >= MIN_POINTS:
+                kept.append(run)
                 continue
-            group.append((run, steps, values))
-    if not any(groups.values()):
+            too_short.append(run.path)
+            at = f" (at env step {run.steps[0]})" if len(run.steps) else ""
+            warnings.warn(f"skipping {str(run.path)!r}: it has {len(run.steps)} point(s) of {metric!r}{at}, "
+                          f"fewer than the {MIN_POINTS} a curve needs", UserWarning, stacklevel=2)
+        if labels is not None:
+            lines[label] = kept
+        else:
+            lines.update(_by_experiment(kept))
+    if not any(lines.values()):
         dirs = ", ".join(repr(str(d)) for d in log_dirs)
         why = []
         if missing:
@@ -292,13 +316,194 @@ def collect_curves(
             why.append(f"{len(too_short)} run(s) have fewer than {MIN_POINTS} points of it")
         raise ValueError(f"no run under {dirs} has metric {metric!r} to plot: {'; '.join(why)}")
     curves = []
-    for label, runs in groups.items():
+    for label, runs in lines.items():
         if runs:
             curves.append(_pool(label, runs))
         else:
             warnings.warn(f"no line for label {label!r}: none of its runs has {metric!r} to plot",
                           UserWarning, stacklevel=2)
     return curves
+
+
+# ----------------------------------------------------------------------------- experiments and resumed runs
+# Settings that do not change what is learned: runs differing only in them are one experiment.
+NOT_CONFIG = frozenset({"seed", "num_cpu_threads", "cpu_affinity", "compile", "evaluation_interval",
+                        "evaluation_num_episodes"})
+# What a resumed run may set anew (the budget), besides those: it continues its run all the same.
+RESUMABLE = NOT_CONFIG - {"seed"} | {"total_env_steps"}
+
+
+@dataclass(eq=False)
+class _Run:
+    """One run's points of the metric, its settings (``hparams.yaml``) and, for a run the CLI
+    resumed, the checkpoint it started from (``ckpt_path`` in ``config.yaml``)."""
+
+    path: Path
+    steps: np.ndarray
+    values: np.ndarray
+    hparams: dict | None = None
+    ckpt_path: str | None = None
+    parts: tuple[Path, ...] = ()
+
+    @classmethod
+    def read(cls, path: Path, steps: np.ndarray, values: np.ndarray) -> _Run:
+        folder = run_dir(path)
+        config = _read_yaml(folder / "config.yaml")
+        ckpt_path = config.get("ckpt_path") if isinstance(config, dict) else None
+        hparams = _read_yaml(folder / "hparams.yaml")
+        return cls(path, steps, values, hparams if isinstance(hparams, dict) and hparams else None,
+                   ckpt_path if isinstance(ckpt_path, str) else None, (path,))
+
+    def settings(self, ignore: frozenset[str]) -> str | None:
+        """The settings that make the experiment, as one comparable string (``None``: unknown)."""
+        if self.hparams is None:
+            return None
+        kept = {k: v for k, v in self.hparams.items() if k not in ignore and not k.startswith("_")}
+        return json.dumps(kept, sort_keys=True, default=str)
+
+
+def run_dir(run: Path) -> Path:
+    """The folder of a run (a logger's version folder): where ``hparams.yaml`` is."""
+    return run.parent if run.is_file() else run
+
+
+def _read_yaml(path: Path) -> object:
+    """``path`` read as YAML, ``None`` if it is missing or unreadable. Python tags (the
+    ``!!python/tuple`` of a tuple hyperparameter) become plain lists, dicts or strings."""
+    if not path.is_file():
+        return None
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    def plain(loader: yaml.SafeLoader, suffix: str, node: yaml.Node) -> object:
+        if isinstance(node, yaml.SequenceNode):
+            return loader.construct_sequence(node, deep=True)
+        if isinstance(node, yaml.MappingNode):
+            return loader.construct_mapping(node, deep=True)
+        return loader.construct_scalar(node)
+
+    Loader.add_multi_constructor("tag:yaml.org,2002:python/", plain)
+    try:
+        return yaml.load(path.read_text(), Loader=Loader)  # a SafeLoader: builds no Python objects
+    except (yaml.YAMLError, OSError, UnicodeDecodeError):
+        return None
+
+
+def _join_resumed(runs: list[_Run]) -> list[_Run]:
+    """Each run that resumed from a checkpoint of another run joined to it, in one run: the
+    earlier run's points before the resumed run's first one, then the resumed run's.
+
+    The run it resumed from is the one whose folder holds the checkpoint its ``config.yaml``
+    names (the CLI's runs), else the run of the same settings and seed (all but those a resume
+    may change: ``RESUMABLE``) whose env steps it continues: it starts after that run's first
+    point and at most two logging intervals after its last (of several, the one whose last
+    point is nearest). Runs without ``hparams.yaml`` are never joined."""
+    parent: dict[int, _Run] = {}
+    for run in runs:
+        source = _resumed_by_path(run, runs) or _resumed_by_steps(run, runs)
+        if source is not None and source is not run:
+            parent[id(run)] = source
+    chosen: dict[int, _Run] = {}  # the run resumed from each run (the earliest-starting one, if several)
+    for run in sorted(runs, key=_start):
+        if id(run) in parent and _ends(run, parent):
+            chosen.setdefault(id(parent[id(run)]), run)
+    consumed = {id(run) for run in chosen.values()}
+    joined = []
+    for run in runs:
+        if id(run) in consumed:
+            continue  # drawn within the run it resumed
+        steps, values, parts, current = run.steps, run.values, list(run.parts), run
+        while id(current) in chosen:
+            current = chosen[id(current)]
+            if len(current.steps):
+                keep = steps < current.steps[0]
+                steps = np.concatenate([steps[keep], current.steps])
+                values = np.concatenate([values[keep], current.values])
+            parts.append(current.path)
+        joined.append(_Run(run.path, steps, values, run.hparams, run.ckpt_path, tuple(parts)))
+    return joined
+
+
+def _start(run: _Run) -> tuple[float, str]:
+    return (float(run.steps[0]) if len(run.steps) else math.inf, str(run.path))
+
+
+def _ends(run: _Run, parent: dict[int, _Run]) -> bool:
+    """Whether ``run``'s chain of runs resumed from ends at a first run (no cycle)."""
+    seen = {id(run)}
+    while id(run) in parent:
+        run = parent[id(run)]
+        if id(run) in seen:
+            return False
+        seen.add(id(run))
+    return True
+
+
+def _resumed_by_path(run: _Run, runs: list[_Run]) -> _Run | None:
+    if not run.ckpt_path:
+        return None
+    ckpt = Path(run.ckpt_path)
+    here = run_dir(run.path).resolve()
+    places = [ckpt] if ckpt.is_absolute() else [Path.cwd() / ckpt, *(base / ckpt for base in here.parents)]
+    for other in runs:
+        folder = run_dir(other.path).resolve()
+        if other is not run and any(p.resolve().is_relative_to(folder) for p in places):
+            return other
+    return None
+
+
+def _resumed_by_steps(run: _Run, runs: list[_Run]) -> _Run | None:
+    settings = run.settings(RESUMABLE)
+    if settings is None or not len(run.steps):
+        return None
+    start = run.steps[0]
+    candidates = []
+    for other in runs:
+        if other is run or not len(other.steps) or other.settings(RESUMABLE) != settings:
+            continue
+        gap = 2 * max(_interval(other.steps), _interval(run.steps))
+        if other.steps[0] < start <= other.steps[-1] + gap:
+            candidates.append(other)
+    # the one whose last point is nearest: of a chain of resumes, or beside a rerun, the run it continues
+    return min(candidates, key=lambda o: (abs(start - o.steps[-1]), -o.steps[0], str(o.path)), default=None)
+
+
+def _interval(steps: np.ndarray) -> float:
+    """A run's typical env steps between logged points (its first point's, for one point)."""
+    return float(np.median(np.diff(steps))) if len(steps) > 1 else float(steps[0]) if len(steps) else 0.0
+
+
+def _by_experiment(runs: list[_Run]) -> dict[str, list[_Run]]:
+    """Runs grouped by algorithm and settings, seeds excepted (``NOT_CONFIG``); each group's
+    label names the algorithm and the settings that differ between its groups of that algorithm
+    (no label with one group). Runs without ``hparams.yaml`` form one group of their own."""
+    groups: dict[str | None, list[_Run]] = {}
+    for run in runs:
+        groups.setdefault(run.settings(NOT_CONFIG), []).append(run)
+    if len(groups) == 1:
+        return {"": runs}
+    settings = {key: json.loads(key) for key in groups if key is not None}
+    by_algorithm: dict[str, list[dict]] = {}
+    for values in settings.values():
+        by_algorithm.setdefault(str(values.get("algorithm", "")).rsplit(".", 1)[-1], []).append(values)
+    out: dict[str, list[_Run]] = {}
+    for key, group in groups.items():
+        if key is None:
+            label = "(no hparams.yaml)"
+        else:
+            values = settings[key]
+            algorithm = str(values.get("algorithm", "")).rsplit(".", 1)[-1]
+            siblings = by_algorithm[algorithm]
+            differing = sorted(k for k in {k for v in siblings for k in v}
+                               if len({json.dumps(v.get(k), default=str) for v in siblings}) > 1)
+            shown = [f"{k}={values.get(k)}" for k in differing[:3]] + (["..."] if len(differing) > 3 else [])
+            label = " ".join(filter(None, [algorithm, ", ".join(shown)])) or "runs"
+        while label in out:
+            label += "'"
+        out[label] = group
+    return out
 
 
 def _as_list(log_dirs: PathLikeStr | Sequence[PathLikeStr]) -> list[PathLikeStr]:
@@ -310,11 +515,13 @@ def _as_list(log_dirs: PathLikeStr | Sequence[PathLikeStr]) -> list[PathLikeStr]
     return log_dirs
 
 
-def _pool(label: str, runs: Sequence[tuple[Path, np.ndarray, np.ndarray]]) -> Curve:
+def _pool(label: str, joined: Sequence[_Run]) -> Curve:
     """The runs of one line on the env-step grid they all cover, plus what lies outside it."""
+    parts = tuple(run.parts for run in joined)
+    runs = [(run.path, run.steps, run.values) for run in joined]
     if len(runs) == 1:
         run, steps, values = runs[0]
-        return Curve(label, (run,), steps, values[None, :])
+        return Curve(label, (run,), steps, values[None, :], (), parts)
     name = f"the {len(runs)} runs" + (f" of {label!r}" if label else "")
     spans = ", ".join(f"{str(run)!r} [{s[0]}, {s[-1]}]" for run, s, _ in runs)
     lo = max(int(s[0]) for _, s, _ in runs)
@@ -338,7 +545,7 @@ def _pool(label: str, runs: Sequence[tuple[Path, np.ndarray, np.ndarray]]) -> Cu
         warnings.warn(f"{name} cover different env-step ranges (first and last env step: {spans}); the mean and "
                       f"band are drawn over the range they all cover, [{lo}, {hi}], and the rest of each run "
                       f"as a thin line", UserWarning, stacklevel=3)
-    return Curve(label, tuple(run for run, _, _ in runs), grid, values, tuple(outside))
+    return Curve(label, tuple(run for run, _, _ in runs), grid, values, tuple(outside), parts)
 
 
 # ----------------------------------------------------------------------------- drawing
@@ -353,7 +560,8 @@ def plot_curves(
 ) -> Path:
     """Draw ``metric`` against env steps from ``log_dirs`` into the image ``out`` (PNG); returns its path.
 
-    Without ``labels`` every run found under ``log_dirs`` is a seed of one line. With
+    Without ``labels`` each experiment (algorithm and settings) found under ``log_dirs`` is a
+    line, its runs the seeds (see the module docstring). With
     ``labels`` (one per log dir) each distinct label is one line, pooling the runs under
     the log dirs that carry it. A line of several runs is their mean on a common env-step
     grid with a ``band`` of ``"minmax"`` (default), ``"std"`` (mean ± one std) or
@@ -416,7 +624,8 @@ def _matplotlib():
 # ----------------------------------------------------------------------------- command line
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The ``plot`` subcommand's arguments (for wiring into a CLI's subparsers)."""
-    parser.add_argument("log_dir", nargs="+", help="CSV or TensorBoard log dirs (runs under one line are seeds)")
+    parser.add_argument("log_dir", nargs="+", help="CSV or TensorBoard log dirs (runs of one algorithm and settings, "
+                        "seeds excepted, are one line; a resumed run continues its own)")
     parser.add_argument("--out", default="curve.png", help="image to write (default: curve.png)")
     parser.add_argument("--metric", default=DEFAULT_METRIC, help=f"metric to draw (default: {DEFAULT_METRIC})")
     parser.add_argument("--labels", nargs="+", default=None,

@@ -3,7 +3,8 @@
 ``record(model, "agent.gif")`` plays ``num_episodes`` greedy episodes on one env made with
 ``render_mode="rgb_array"`` and writes its frames as a GIF with Pillow (``pip install
 pillow``; classic-control envs such as CartPole and Pendulum render with pygame: ``pip
-install pygame``, both in the ``plot`` extra). ``load_model(ckpt_path)`` gets the algorithm
+install pygame-ce``, both in the ``plot`` extra). A multi-agent model plays its PettingZoo
+env, each agent acting with the policy ``policy_mapping_fn`` names for it. ``load_model(ckpt_path)`` gets the algorithm
 back from a Lightning checkpoint without being told its class.
 """
 
@@ -14,6 +15,8 @@ import inspect
 import os
 import sys
 import warnings
+from collections.abc import Callable
+from functools import partial
 from os import PathLike
 from pathlib import Path
 from typing import Any
@@ -28,7 +31,7 @@ from lightning_rl.data.envs import EnvSpec, GymMake, check_env, env_spaces, env_
 from lightning_rl.data.spaces import flatten_env
 from lightning_rl.inference import Acting
 
-__all__ = ["load_model", "main", "make_render_env", "record"]
+__all__ = ["load_model", "main", "make_render_env", "make_render_parallel_env", "record"]
 
 PathLikeStr = str | PathLike[str]
 
@@ -79,6 +82,38 @@ def make_render_env(env: EnvSpec) -> gym.Env:
     raise TypeError(f"env must be a registered env id or a callable returning a gymnasium.Env, got {env!r}")
 
 
+def make_render_parallel_env(env: Callable[..., Any]) -> Any:
+    """One PettingZoo parallel env that renders ``rgb_array`` frames, from the factory a
+    multi-agent model trained on: called with ``render_mode="rgb_array"`` when it takes that
+    argument (PettingZoo's own envs do: ``mpe2.simple_spread_v3.parallel_env``), else as it is,
+    and then the env it makes must render ``rgb_array`` frames itself; else ``ValueError``."""
+    from lightning_rl.data.multi_agent import make_parallel_env
+
+    headless_sdl()
+    factory = partial(env, render_mode="rgb_array") if _takes_render_mode(env) else env
+    with warnings.catch_warnings():  # PettingZoo only warns on an unsupported render mode
+        warnings.simplefilter("ignore")
+        made = make_parallel_env(factory)
+    mode = getattr(made, "render_mode", None)
+    if mode != "rgb_array":
+        made.close()
+        raise ValueError(
+            f"recording needs frames, but the multi-agent env {env!r} made an env with render_mode={mode!r} "
+            "(its render modes: "
+            f"{list((getattr(made, 'metadata', None) or {}).get('render_modes') or [])}); give the model a "
+            "factory that makes it with render_mode='rgb_array'"
+        )
+    return made
+
+
+def _takes_render_mode(env: Callable[..., Any]) -> bool:
+    try:
+        parameters = inspect.signature(env).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (a builtin): call it as it is
+        return False
+    return any(p.name == "render_mode" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+
+
 # ----------------------------------------------------------------------------- recording
 def _frame(env: gym.Env) -> np.ndarray:
     frame = env.render()
@@ -124,6 +159,10 @@ def record(
     each episode and one per step): once that many were taken recording stops, with a
     warning, and the unfinished episode is left out of the returns. Returns the returns of
     the episodes played to the end.
+
+    A multi-agent model plays its PettingZoo env (see :func:`make_render_parallel_env`), every
+    live agent acting greedily with the policy ``policy_mapping_fn`` names for it (``policy_id``
+    must be ``None``); the returns are the team's, summed over agents, as training logs them.
     """
     if num_episodes < 1:
         raise ValueError(f"num_episodes must be >= 1, got {num_episodes}")
@@ -133,6 +172,13 @@ def record(
         raise ValueError(f"fps must be positive, got {fps}")
     out = Path(out)
     spec = env if env is not None else model.env_spec
+    if getattr(model, "multi_agent", False):
+        if policy_id is not None:
+            raise ValueError(f"policy_id={policy_id!r}: in a multi-agent env each agent acts with the policy "
+                             "policy_mapping_fn names for it")
+        frames, returns, truncated_gif = _play_multi_agent(model, spec, num_episodes, seed, max_frames)
+        _finish(frames, returns, truncated_gif, num_episodes, max_frames, out, fps)
+        return returns
     policy_kwargs = {} if policy_id is None else {"policy_id": policy_id}
     render_env = flatten_env(make_render_env(spec))  # Dict/Tuple observations as the module sees them
     frames: list[np.ndarray] = []
@@ -163,13 +209,61 @@ def record(
             returns.append(episode_return)
     finally:
         render_env.close()
+    _finish(frames, returns, truncated_gif, num_episodes, max_frames, out, fps)
+    return returns
+
+
+def _finish(frames: list[np.ndarray], returns: list[float], truncated_gif: bool, num_episodes: int,
+            max_frames: int, out: Path, fps: float) -> None:
     if truncated_gif:
         warnings.warn(
             f"stopped recording at max_frames={max_frames} after {len(returns)} of {num_episodes} episodes",
-            stacklevel=2,
+            stacklevel=3,
         )
     _save_gif(frames, out, fps)
-    return returns
+
+
+def _play_multi_agent(model: RLModule, spec: Any, num_episodes: int, seed: int | None,
+                      max_frames: int) -> tuple[list[np.ndarray], list[float], bool]:
+    """Greedy episodes of a PettingZoo env, every live agent acting with its mapped policy; the
+    returns are the team's (summed over agents), as evaluation and training log them."""
+    made = make_render_parallel_env(spec)
+    frames: list[np.ndarray] = []
+    returns: list[float] = []
+    truncated_gif = False
+    try:
+        for agent in made.possible_agents:
+            policy_id = model.policy_mapping_fn(agent)
+            spaces = (made.observation_space(agent), made.action_space(agent))
+            if spaces != model.policy_spaces[policy_id]:
+                raise ValueError(f"agent {agent!r} of env {spec!r} has spaces {spaces[0]}, {spaces[1]}, but its "
+                                 f"policy {policy_id!r} was built for {model.policy_spaces[policy_id][0]}, "
+                                 f"{model.policy_spaces[policy_id][1]}")
+        for episode in range(num_episodes):
+            obs, _ = made.reset(seed=seed if episode == 0 else None)
+            frames.append(_frame(made))
+            total = 0.0
+            while made.agents:
+                if len(frames) >= max_frames:
+                    truncated_gif = True
+                    break
+                actions = {}
+                for agent in made.agents:
+                    action = model.compute_actions(np.asarray(obs[agent]), policy_id=model.policy_mapping_fn(agent),
+                                                   explore=False)
+                    space = made.action_space(agent)
+                    if isinstance(space, gym.spaces.Box):
+                        action = np.clip(action, space.low, space.high).astype(space.dtype)
+                    actions[agent] = action.item() if np.ndim(action) == 0 else action
+                obs, rewards, _, _, _ = made.step(actions)
+                total += float(sum(rewards.values()))
+                frames.append(_frame(made))
+            if truncated_gif:
+                break
+            returns.append(total)
+    finally:
+        made.close()
+    return frames, returns, truncated_gif
 
 
 # ----------------------------------------------------------------------------- checkpoints

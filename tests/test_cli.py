@@ -51,12 +51,20 @@ def test_every_config_has_a_short_form():
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.stem)
 def test_fit_from_config_then_validate_from_its_checkpoint(config, tmp_path):
+    """Every shipped config, with its budget cut short: the fit ends with ``last.ckpt`` holding the
+    final counters (whatever the config's evaluation_interval: APEX and A3C validate, and so
+    save by cadence, every 2nd epoch only), and ``validate`` runs from it."""
     lightning_rl("fit", "-c", str(config), *SHORT[config.stem], "--trainer.default_root_dir", str(tmp_path),
                  "--trainer.enable_progress_bar", "false", cwd=tmp_path)
     assert not live_pids(processes_of(tmp_path), grace_s=3.0)  # no sampler process (IMPALA/APPO) outlives it
     (version,) = (tmp_path / "lightning_logs").glob("version_*")
-    (ckpt,) = version.glob("checkpoints/*.ckpt")
     assert (version / "config.yaml").is_file()
+    ckpt = version / "checkpoints" / "last.ckpt"
+    budget = int(SHORT[config.stem][SHORT[config.stem].index("--model.init_args.total_env_steps") + 1])
+    counters = {c.name: torch.load(c, weights_only=True)["lightning_rl"]["global_counters"]
+                for c in version.glob("checkpoints/*.ckpt")}
+    assert counters[ckpt.name]["num_env_steps_sampled"] >= budget, counters
+    assert all(counters[ckpt.name]["num_iterations"] >= c["num_iterations"] for c in counters.values()), counters
     out = lightning_rl("validate", "--ckpt_path", str(ckpt), "--trainer.default_root_dir", str(tmp_path / "val"),
                        "--trainer.enable_progress_bar", "false", cwd=tmp_path)
     assert "val/episode_return_mean" in out.stdout
@@ -66,7 +74,7 @@ def test_model_selected_by_name_on_the_command_line(tmp_path):
     lightning_rl("fit", "--model", "A2C", "--model.env", "CartPole-v1", "--model.iterations_per_epoch", "3",
                  "--model.total_env_steps", "null", "--trainer.max_epochs", "2", "--trainer.default_root_dir",
                  str(tmp_path), "--trainer.enable_progress_bar", "false", cwd=tmp_path)
-    (ckpt,) = tmp_path.glob("lightning_logs/version_0/checkpoints/*.ckpt")
+    ckpt = tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
     state = torch.load(ckpt, weights_only=True)["lightning_rl"]
     assert state["algorithm"].endswith("A2C") and state["global_counters"]["num_iterations"] == 6
 
@@ -106,22 +114,29 @@ def test_a_bad_env_is_named_not_reported_as_a_union_mismatch(env, message, capsy
 
 
 def warning_lines(stderr: str) -> list[str]:
-    """Python warnings (``path.py:LINE: message``, Lightning's format, or ``...Warning:``) and SDL's
-    display/audio errors, as printed on stderr."""
-    pattern = re.compile(r"\.py:\d+: |Warning\b|XDG_RUNTIME_DIR|ALSA|error:", re.IGNORECASE)
+    """Python warnings (``path.py:LINE: message``, Lightning's format, or ``...Warning:``), Lightning's
+    ``weights_only`` notice and SDL's display/audio errors, as printed on stderr."""
+    pattern = re.compile(r"\.py:\d+: |Warning\b|weights_only|XDG_RUNTIME_DIR|ALSA|error:", re.IGNORECASE)
     return [line for line in stderr.splitlines() if pattern.search(line)]
 
 
-def test_a_normal_fit_validate_and_record_print_no_warnings(tmp_path):
+def test_a_normal_fit_validate_resume_record_and_python_fit_print_no_warnings(tmp_path):
+    """The CLI's fit (with a ModelCheckpoint of its own, as the README's SB3 block has), validate
+    from its checkpoint, resuming it into the next version folder, record; and an example script
+    (the Python API)."""
     config = ROOT / "examples" / "configs" / "ppo_cartpole.yaml"
-    fit = lightning_rl("fit", "-c", str(config), "--model.init_args.total_env_steps", "512",
-                       "--model.init_args.evaluation_num_episodes", "2", "--trainer.default_root_dir", str(tmp_path),
-                       cwd=tmp_path)
+    common = ["-c", str(config), "--model.init_args.evaluation_num_episodes", "2", "--trainer.default_root_dir",
+              str(tmp_path), "--trainer.callbacks+=ModelCheckpoint", "--trainer.callbacks.monitor",
+              "val/episode_return_mean", "--trainer.callbacks.mode", "max"]
+    fit = lightning_rl("fit", *common, "--model.init_args.total_env_steps", "512", cwd=tmp_path)
     assert not warning_lines(fit.stderr), fit.stderr[-4000:]
-    (ckpt,) = (tmp_path / "lightning_logs").glob("version_0/checkpoints/*.ckpt")
+    ckpt = max((tmp_path / "lightning_logs" / "version_0" / "checkpoints").glob("*.ckpt"))  # last.ckpt
     validate = lightning_rl("validate", "--ckpt_path", str(ckpt), "--trainer.default_root_dir", str(tmp_path / "val"),
                             cwd=tmp_path)
     assert not warning_lines(validate.stderr), validate.stderr[-4000:]
+    resume = lightning_rl("fit", *common, "--model.init_args.total_env_steps", "1024", "--ckpt_path", str(ckpt),
+                          cwd=tmp_path)
+    assert not warning_lines(resume.stderr), resume.stderr[-4000:]
     env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "SDL_VIDEODRIVER", "SDL_AUDIODRIVER")}
     record = subprocess.run([sys.executable, "-m", "lightning_rl.cli", "record", "--ckpt_path", str(ckpt), "--out",
                              str(tmp_path / "a.gif"), "--num_episodes", "1"], cwd=tmp_path, capture_output=True,
@@ -129,3 +144,35 @@ def test_a_normal_fit_validate_and_record_print_no_warnings(tmp_path):
     assert record.returncode == 0, record.stderr[-4000:]
     assert (tmp_path / "a.gif").stat().st_size > 0
     assert not warning_lines(record.stderr + record.stdout), record.stderr[-4000:]
+    example = subprocess.run([sys.executable, str(ROOT / "examples" / "ppo_cartpole.py"), "--total-env-steps", "512",
+                              "--log-dir", str(tmp_path / "runs")], cwd=tmp_path, capture_output=True, text=True,
+                             timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert example.returncode == 0, example.stderr[-4000:]
+    assert not warning_lines(example.stderr), example.stderr[-4000:]
+
+
+def test_without_tensorboard_the_cli_logs_to_csv_without_lightnings_install_notice(tmp_path, monkeypatch):
+    """An install without the tensorboard extra: Lightning's default logger would fall back to CSV
+    with a notice to ``pip install lightning[extra]`` (another package); the CLI picks CSV itself."""
+    import warnings
+
+    from pytorch_lightning.loggers import CSVLogger
+    from pytorch_lightning.trainer.connectors.logger_connector import logger_connector
+
+    import lightning_rl.cli
+
+    monkeypatch.setattr(logger_connector, "_TENSORBOARD_AVAILABLE", False)
+    monkeypatch.setattr(logger_connector, "_TENSORBOARDX_AVAILABLE", False)
+    monkeypatch.setattr(lightning_rl.cli, "tensorboard_available", lambda: False, raising=False)
+    monkeypatch.chdir(tmp_path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        built = lightning_rl.cli.cli(["--model", "PPO", "--model.env", "CartPole-v1",
+                                      "--trainer.default_root_dir", str(tmp_path)], run=False)
+    assert not [w for w in caught if "lightning[extra]" in str(w.message)]
+    assert type(built.trainer.logger) is CSVLogger and built.trainer.logger.save_dir == str(tmp_path)
+
+    import lightning_rl.loggers  # what the examples use
+
+    monkeypatch.setattr(lightning_rl.loggers, "tensorboard_available", lambda: False)
+    assert type(lightning_rl.loggers.default_logger(tmp_path, name="run")) is CSVLogger

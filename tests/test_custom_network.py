@@ -155,7 +155,7 @@ def test_encoder_from_yaml_trains_validates_records_and_resumes(tmp_path):
              "--trainer.default_root_dir", str(tmp_path)]
     cli("fit", "-c", str(ROOT / "examples" / "custom_network.yaml"), "--model.init_args.total_env_steps", "512",
         *short)
-    (ckpt,) = tmp_path.glob("lightning_logs/version_0/checkpoints/*.ckpt")
+    ckpt = tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
     saved = torch.load(ckpt, weights_only=True)
     assert saved["hyper_parameters"]["encoder"] == {"class_path": "custom_network.ResidualEncoder",
                                                    "init_args": {"features": 64, "blocks": 2}}

@@ -7,7 +7,6 @@ import io
 import pickle
 import random
 import threading
-import time
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -376,19 +375,3 @@ def test_restoring_into_different_envs_names_the_path(other: str, num_envs: int,
     with pytest.raises(ValueError, match=where):
         restore_env_state(fresh, through_checkpoint(capture_env_state(cartpoles)))
 
-
-def test_capture_time_64_cartpoles() -> None:
-    envs = make_vector_env("CartPole-v1", 64, "sync")
-    envs.reset(seed=0)
-    envs.action_space.seed(0)
-    for _ in range(500):
-        envs.step(envs.action_space.sample())
-    start = time.perf_counter()
-    state = capture_env_state(envs)
-    captured = time.perf_counter() - start
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    saved = time.perf_counter() - start - captured
-    print(f"\n64 sync CartPoles, {len(envs.return_queue)} episodes recorded: capture {captured * 1e3:.1f} ms, "
-          f"torch.save {saved * 1e3:.1f} ms, {buffer.tell() / 1e3:.0f} kB")
-    envs.close()

@@ -60,6 +60,19 @@ def readme_block(tag: str) -> str:
     return "\n".join(lines[start:lines.index("```", start)])
 
 
+def test_readme_first_block_runs(tmp_path, monkeypatch):
+    """The README's first snippet, with a 512-step budget: it trains, and acts on an observation it defines."""
+    code = readme_block("quickstart")
+    assert "lambda_=0.8, seed=0)" in code
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    exec(compile(code.replace("lambda_=0.8, seed=0)", "lambda_=0.8, seed=0, total_env_steps=512)"), "README.md",
+                 "exec"), scope)
+    model = scope["model"]
+    assert model.counters["num_env_steps_sampled"] >= 512
+    assert model.compute_actions(scope["obs"], explore=False) in (0, 1)
+
+
 def test_readme_coming_from_sb3_block_runs(tmp_path, monkeypatch):
     """The README's side-by-side with SB3, with a 2,048-step budget: trains, predicts one valid
     action, saves, and the reloaded model (normalization statistics included) acts the same."""
@@ -77,3 +90,14 @@ def test_readme_coming_from_sb3_block_runs(tmp_path, monkeypatch):
     assert torch.equal(loaded.policy.obs_rms.mean, model.policy.obs_rms.mean) and model.policy.obs_rms.count > 0
     obs = np.random.default_rng(0).normal(size=(32, 4)).astype(np.float32)
     np.testing.assert_array_equal(loaded.predict(obs, deterministic=True)[0], model.predict(obs, deterministic=True)[0])
+
+
+def test_examples_log_to_csv_without_tensorboard(tmp_path, monkeypatch):
+    """Without the tensorboard extra an example falls back to CSV logs (as the CLI does), rather
+    than failing to build its TensorBoardLogger."""
+    import lightning_rl.loggers
+
+    monkeypatch.setattr(lightning_rl.loggers, "tensorboard_available", lambda: False)
+    load("ppo_cartpole").main(["--total-env-steps", "512", "--log-dir", str(tmp_path)])
+    assert (tmp_path / "ppo_cartpole" / "version_0" / "metrics.csv").is_file()
+    assert not list(tmp_path.rglob("events.out.tfevents.*"))

@@ -206,11 +206,18 @@ def test_a_mapping_given_as_a_table_reloads_from_the_checkpoint_and_a_function_m
 
 
 def test_algorithms_without_multi_agent_support_say_so():
+    """... and name every algorithm that does (by its ``supports_multi_agent``), not a stale list."""
+    import lightning_rl
     from lightning_rl import A3C, APEX, SAC
 
+    takes = [name for name in ("A2C", "A3C", "APEX", "APPO", "DQN", "IMPALA", "PPO", "SAC")
+             if getattr(lightning_rl, name).supports_multi_agent]
+    assert "DQN" in takes and "IMPALA" in takes and "APPO" in takes
     for algo in (SAC, APEX, A3C):
-        with pytest.raises(ValueError, match=f"{algo.__name__} does not take multi-agent"):
+        with pytest.raises(ValueError) as error:
             algo(env=Relay)
+        assert str(error.value) == (f"{algo.__name__} does not take multi-agent (PettingZoo) envs; "
+                                    f"{', '.join(takes)} do")
 
 
 def test_counting_by_agent_steps_sizes_batches_and_the_budget_in_agents_steps():

@@ -285,6 +285,66 @@ def test_runs_sharing_no_range_are_an_error(tmp_path):
     assert f"{str(first)!r} [100, 200]" in str(err.value) and f"{str(resumed)!r} [200, 300]" in str(err.value)
 
 
+def _hparams(run, **settings):
+    """``hparams.yaml`` beside a run's ``metrics.csv``, as Lightning's loggers write it (a tuple
+    hyperparameter as ``!!python/tuple``)."""
+    lines = [f"{k}: {v}" for k, v in {"env": "CartPole-v1", "lr": 0.001, "seed": 0, "total_env_steps": 1000,
+                                      "algorithm": "lightning_rl.algorithms.ppo.PPO", **settings}.items()]
+    lines += ["hiddens: !!python/tuple", "- 64", "- 64", "_instantiator: pytorch_lightning.cli.instantiate_module"]
+    (run.parent / "hparams.yaml").write_text("\n".join(lines) + "\n")
+    return run
+
+
+def test_runs_of_different_algorithms_or_settings_are_different_lines(runs, tmp_path):
+    """Seeds of one algorithm and settings are one line; another algorithm, or another ``lr``, is
+    another line, labelled with what differs. The loggers' hparams.yaml names the algorithm."""
+    ppo = [_hparams(_train_run(tmp_path / f"ppo{seed}", [100, 200], [1.0 + seed, 2.0]), seed=seed)
+           for seed in (0, 1)]
+    dqn = [_hparams(_train_run(tmp_path / f"dqn{seed}", [100, 200], [5.0, 6.0 + seed]), seed=seed,
+                    algorithm="lightning_rl.algorithms.dqn.DQN") for seed in (0, 1)]
+    slow = _hparams(_train_run(tmp_path / "slow", [100, 200], [0.0, 0.5]), lr=0.0003)
+    fast = _hparams(_train_run(tmp_path / "fast", [100, 200], [3.0, 4.0]), num_cpu_threads=4, seed=7)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        curves = {c.label: c for c in collect_curves(tmp_path)}
+    assert set(curves) == {"PPO lr=0.001", "DQN", "PPO lr=0.0003"}
+    assert set(curves["PPO lr=0.001"].runs) == {*ppo, fast}  # threads and seeds are not settings
+    assert set(curves["DQN"].runs) == set(dqn)
+    assert curves["PPO lr=0.0003"].runs == (slow,)
+    np.testing.assert_allclose(curves["DQN"].mean, [5.0, 6.5])
+    # labels still make the lines: the user's choice
+    [both] = collect_curves([tmp_path / "ppo0", tmp_path / "dqn0"], labels=["mine", "mine"])
+    assert both.label == "mine" and len(both.runs) == 2
+    (logged,) = (runs / "csv" / "seed0").rglob("hparams.yaml")  # a real run's
+    assert plotting._read_yaml(logged)["algorithm"] == "lightning_rl.algorithms.ppo.PPO"
+
+
+def test_a_resumed_run_continues_its_own_curve(tmp_path):
+    """``version_1`` resumed ``version_0`` (the Python API: same settings and seed, a larger budget,
+    env steps that continue) and is drawn as one run with it; so is ``version_3``, which the CLI
+    resumed from a mid-run checkpoint of ``version_2`` (its config.yaml names the file): its
+    points replace ``version_2``'s from where it starts. The seed-1 run beside them is a seed of
+    the same line; a run of seed 0 started afresh is not joined to anything."""
+    logs = tmp_path / "lightning_logs"
+    first = _hparams(_train_run(logs / "version_0", [100, 200, 300], [1.0, 2.0, 3.0]))
+    resumed = _hparams(_train_run(logs / "version_1", [400, 500], [4.0, 5.0]), total_env_steps=2000)
+    cli_first = _hparams(_train_run(logs / "version_2", [100, 200, 300], [1.0, 2.0, 3.0]), seed=1)
+    cli_resumed = _hparams(_train_run(logs / "version_3", [300, 400, 500], [30.0, 40.0, 50.0]), seed=1)
+    (logs / "version_3" / "config.yaml").write_text(
+        "seed_everything: 1\nckpt_path: lightning_logs/version_2/checkpoints/epoch=1-step=200.ckpt\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        [curve] = collect_curves(logs)
+    assert curve.runs == (first, cli_first) and curve.parts == ((first, resumed), (cli_first, cli_resumed))
+    np.testing.assert_array_equal(curve.steps, [100, 200, 300, 400, 500])
+    np.testing.assert_allclose(curve.values, [[1.0, 2.0, 3.0, 4.0, 5.0], [1.0, 2.0, 30.0, 40.0, 50.0]])
+
+    again = _hparams(_train_run(logs / "version_4", [100, 200], [9.0, 9.0]))  # seed 0 afresh
+    with pytest.warns(UserWarning, match="cover different env-step ranges"):
+        [curve] = collect_curves(logs)
+    assert curve.runs == (first, cli_first, again) and curve.parts[2] == (again,)
+
+
 def test_plot_command_line_warns_on_stderr_and_exits_1_without_a_curve(tmp_path, capsys):
     _needs("matplotlib", "PIL")
     logs = tmp_path / "logs"
@@ -422,3 +482,50 @@ def test_record_max_frames_and_env_factories(runs, tmp_path):
         record(model, tmp_path / "x.gif", env="Pendulum-v1")
     with pytest.raises(ValueError, match="unknown env id"):
         record(model, tmp_path / "x.gif", env="NoSuchEnv-v0")
+
+
+def test_record_a_multi_agent_checkpoint(tmp_path, capsys):
+    """MPE's speaker and listener, each acting with its own policy: ``lightning-rl record`` on a
+    multi-agent checkpoint writes a GIF of the env's frames, and the team return it reports is
+    the one evaluation gets on the same seed. A multi-agent env that cannot render is named."""
+    _needs("PIL", "pygame", "mpe2")
+    from lightning_rl.evaluation import evaluate_multi_agent
+    from tests.multi_agent_envs import Relay
+
+    model = PPO(env="mpe2.simple_speaker_listener_v4.parallel_env", policies=["speaker", "listener"],
+                policy_mapping_fn={"speaker_0": "speaker", "listener_0": "listener"}, num_envs=1,
+                rollout_fragment_length=25, sgd_minibatch_size=25, num_sgd_iter=1, total_env_steps=25, seed=0)
+    trainer = quiet_trainer()
+    trainer.fit(model)
+    trainer.save_checkpoint(tmp_path / "ma.ckpt", weights_only=False)
+    out = tmp_path / "ma.gif"
+    assert recording.main(["--ckpt_path", str(tmp_path / "ma.ckpt"), "--out", str(out), "--num-episodes", "1",
+                           "--seed", "3"]) == 0
+    printed = capsys.readouterr().out
+    loaded = load_model(tmp_path / "ma.ckpt")
+    (team,) = evaluate_multi_agent(loaded, loaded.env_spec, num_episodes=1, seed=3)
+    assert f"wrote {out} (PPO, episode returns: {team:.1f})" in printed
+    with _gif(out) as im:
+        assert im.size == (700, 700) and im.n_frames > 10  # MPE's frames: 25 steps and the reset (repeats merge)
+
+    with pytest.raises(ValueError, match=r"multi-agent env .*Relay.* render_mode=None"):
+        record(PPO(env=Relay, num_envs=1, rollout_fragment_length=4, sgd_minibatch_size=4), tmp_path / "r.gif")
+
+
+# ----------------------------------------------------------------------------- packaging
+def test_no_extra_names_plain_pygame():
+    """``pygame`` and ``pygame-ce`` install the same ``pygame`` package, so an install with two extras
+    that name different ones ends with whichever came last: every extra names pygame-ce."""
+    import configparser
+
+    from packaging.requirements import Requirement
+
+    config = configparser.ConfigParser()
+    config.read(Path(__file__).resolve().parents[1] / "setup.cfg")
+    extras = {name: [Requirement(line.split("#", 1)[0].strip()).name.lower()
+                     for line in value.splitlines() if line.split("#", 1)[0].strip()]
+              for name, value in config["options.extras_require"].items()}
+    with_pygame = {name for name, reqs in extras.items() if any(r.startswith("pygame") for r in reqs)}
+    assert {"plot", "test"} <= with_pygame
+    assert not [name for name, reqs in extras.items() if "pygame" in reqs]
+    assert all("pygame-ce" in extras[name] for name in with_pygame)

@@ -16,7 +16,6 @@ import inspect
 import logging
 import os
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from itertools import pairwise
 from typing import Any
@@ -56,8 +55,6 @@ from lightning_rl.process import ProcessSettings
 from lightning_rl.update import LossFn, UpdateStep, nonfinite_terms
 
 log = logging.getLogger(__name__)
-# Without evaluation_interval the val loader is deliberately empty.
-warnings.filterwarnings("ignore", message="Total length of `list` across ranks is zero")
 
 COUNTER_NAMES = (
     "num_env_steps_sampled",
@@ -121,6 +118,14 @@ class MappingTable:
 def default_policy_mapping(agent_id: str) -> str:
     """Every agent acts with the one default policy (parameter sharing)."""
     return DEFAULT_POLICY_ID
+
+
+def multi_agent_algorithms() -> list[str]:
+    """The names of lightning_rl's algorithms whose ``supports_multi_agent`` is set, sorted."""
+    import lightning_rl.algorithms as algorithms
+
+    return sorted(name for name in algorithms.__all__ if not name.endswith("Module")
+                  and getattr(algorithms, name).supports_multi_agent)
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -211,7 +216,8 @@ class RLModule(pl.LightningModule):
         self._update_steps: dict[str, UpdateStep] = {}  # built once per fit
         self.multi_agent = is_multi_agent_env(env)
         if self.multi_agent and not self.supports_multi_agent:
-            raise ValueError(f"{type(self).__name__} does not take multi-agent (PettingZoo) envs yet; PPO and A2C do")
+            raise ValueError(f"{type(self).__name__} does not take multi-agent (PettingZoo) envs; "
+                             f"{', '.join(multi_agent_algorithms())} do")
         if isinstance(policies, dict):
             self.policy_config = {pid: dict(cfg or {}) for pid, cfg in policies.items()}
         else:
@@ -253,6 +259,7 @@ class RLModule(pl.LightningModule):
         self._weights_version = 0
         self._pending_datamodule_state: dict[str, Any] | None = None
         self._resumed_without_sampler_state = False
+        self.resume_command: list[str] | None = None  # lightning-rl arguments, for the message after Ctrl-C
 
     supports_multi_agent = False  # algorithms whose sampler and learner handle several policies set it
     # what total_env_steps and schedules count: env steps, or agents' steps (count_steps_by="agent_steps")
@@ -276,6 +283,8 @@ class RLModule(pl.LightningModule):
         for name, value in replaced.items():
             self._hparams[name] = value
             self._hparams_initial[name] = copy.deepcopy(value)
+        # what loggers record (hparams.yaml) beside the settings, so `plot` tells algorithms apart
+        self._hparams_initial.setdefault("algorithm", class_path(type(self)))
 
     # ----------------------------------------------------------------- policies
     def check_spaces(self, observation_space: gym.Space, action_space: gym.Space) -> None:
@@ -646,7 +655,9 @@ class RLModule(pl.LightningModule):
     def configure_callbacks(self) -> list[pl.Callback]:
         from lightning_rl.callbacks import (
             EnvStepProgressBar,
+            FinalCheckpoint,
             InterruptCheckpoint,
+            KnownWarnings,
             LearnerInfoCallback,
             LogCadence,
             RolloutMetricsCallback,
@@ -656,12 +667,14 @@ class RLModule(pl.LightningModule):
             self._configure_trainer(self.trainer)
         present = {type(cb) for cb in self.trainer.callbacks} if self._trainer is not None else set()
         callbacks: list[pl.Callback] = [
-            cb() for cb in (LearnerInfoCallback, RolloutMetricsCallback, LogCadence, _FitLifecycle)
+            cb() for cb in (LearnerInfoCallback, RolloutMetricsCallback, LogCadence, _FitLifecycle, FinalCheckpoint,
+                            KnownWarnings)
             if cb not in present
         ]
         if self._trainer is not None:
             if InterruptCheckpoint not in present:
-                callbacks.append(InterruptCheckpoint(os.path.join(self.trainer.default_root_dir, "checkpoints")))
+                # in the run's checkpoint folder; the CLI sets resume_command (its arguments)
+                callbacks.append(InterruptCheckpoint(resume_command=self.resume_command))
             # Swapped in the Trainer's list, not returned (that prints an "override" notice). Lightning's
             # default bar restarts every epoch; ours counts the run's env steps. The summary at depth 2
             # shows each policy's parameter count, not just the ModuleDict's.
