@@ -99,9 +99,11 @@ def algorithm_registry() -> dict[str, type[RLModule]]:
 
 
 def algorithm_names() -> list[str]:
-    """The class names of the algorithms defined in this process (``A2C``, ..., ``SAC``, and any
+    """The class names of the algorithms defined in this process (``A2C``, ..., ``SAC``, then any
     subclass a user's code defined), for help texts and errors."""
-    return sorted({path.rsplit(".", 1)[-1] for path in algorithm_registry()} - {"OnPolicyModule", "OffPolicyModule"})
+    paths = [p for p in algorithm_registry() if p.rsplit(".", 1)[-1] not in ("OnPolicyModule", "OffPolicyModule")]
+    own = sorted({p.rsplit(".", 1)[-1] for p in paths if p.startswith("lightning_rl.")})
+    return own + sorted({p.rsplit(".", 1)[-1] for p in paths} - set(own))  # the built-in ones first
 
 
 def algorithm_path(checkpoint: dict[str, Any]) -> str | None:
