@@ -1,4 +1,5 @@
-"""Every example script runs (short budgets) and writes TensorBoard logs."""
+"""Every example script runs (short budgets) and writes TensorBoard logs (CSV without tensorboard,
+through ``default_logger``); the README's snippets run and its commands name one checkpoint file."""
 
 from __future__ import annotations
 
@@ -101,3 +102,66 @@ def test_examples_log_to_csv_without_tensorboard(tmp_path, monkeypatch):
     load("ppo_cartpole").main(["--total-env-steps", "512", "--log-dir", str(tmp_path)])
     assert (tmp_path / "ppo_cartpole" / "version_0" / "metrics.csv").is_file()
     assert not list(tmp_path.rglob("events.out.tfevents.*"))
+
+
+def readme_shell_commands() -> list[list[str]]:
+    """Every command of README.md's ``bash``/``sh``/``shell``/``console`` code blocks, as the shell
+    splits it (continuation lines joined, comments dropped)."""
+    import re
+    import shlex
+
+    text = (EXAMPLES.parent / "README.md").read_text()
+    commands = []
+    for block in re.findall(r"^```(?:bash|sh|shell|console)[ \t]*\n(.*?)^```", text, flags=re.MULTILINE | re.DOTALL):
+        for line in block.replace("\\\n", " ").splitlines():
+            words = shlex.split(line.removeprefix("$ "), comments=True)
+            if words:
+                commands.append(words)
+    return commands
+
+
+def ckpt_path_arguments(words: list[str]) -> list[str]:
+    """The values of ``--ckpt_path VALUE`` and ``--ckpt_path=VALUE`` in one command."""
+    values = [w.split("=", 1)[1] for w in words if w.startswith("--ckpt_path=")]
+    values += [words[k + 1] for k, w in enumerate(words[:-1]) if w == "--ckpt_path"]
+    return values
+
+
+def test_readme_commands_name_one_checkpoint_file_never_a_glob():
+    """Every fit writes ``epoch=...ckpt`` and ``last.ckpt``, so ``checkpoints/*.ckpt`` expands to
+    two paths and the command fails: a README command names one file."""
+    import glob
+
+    paths = [value for words in readme_shell_commands() for value in ckpt_path_arguments(words)]
+    assert "lightning_logs/version_0/checkpoints/last.ckpt" in paths  # the parse finds the README's commands
+    assert [p for p in paths if glob.has_magic(p)] == []
+    assert ckpt_path_arguments(["lightning-rl", "fit", "--ckpt_path", "a/*.ckpt", "--ckpt_path=b/?.ckpt"]) == [
+        "b/?.ckpt", "a/*.ckpt"]  # what the check would catch
+    assert all(glob.has_magic(p) for p in ("a/*.ckpt", "b/?.ckpt"))
+
+
+def test_examples_build_their_logger_with_the_default_logger_fallback():
+    """No example imports or names ``TensorBoardLogger`` (it fails to build without the tensorboard
+    extra); each logger an example passes is ``default_logger(...)``, which falls back to CSV."""
+    import ast
+
+    files = sorted(EXAMPLES.rglob("*.py"))
+    assert EXAMPLES / "ppo_cartpole.py" in files and EXAMPLES / "custom_env" / "train_grid.py" in files
+    named, other_loggers, with_logger = [], [], []
+    for path in files:
+        source = path.read_text()
+        name = str(path.relative_to(EXAMPLES))
+        named += [f"{name}:{n}" for n, line in enumerate(source.splitlines(), 1) if "TensorBoardLogger" in line]
+        for node in ast.walk(ast.parse(source, filename=name)):
+            for keyword in getattr(node, "keywords", []) if isinstance(node, ast.Call) else []:
+                if keyword.arg != "logger" or (isinstance(keyword.value, ast.Constant) and keyword.value.value in
+                                               (False, None)):
+                    continue
+                with_logger.append(name)
+                value = keyword.value
+                if not (isinstance(value, ast.Call) and isinstance(value.func, ast.Name)
+                        and value.func.id == "default_logger"):
+                    other_loggers.append(f"{name}:{keyword.value.lineno}")
+    assert named == []
+    assert other_loggers == []
+    assert "ppo_cartpole.py" in with_logger and "dqn_cartpole.py" in with_logger  # the walk finds the loggers

@@ -1,6 +1,7 @@
 """Agents absent from a multi-agent env's step: the rows IMPALA and APPO keep for them hold valid
 observations and actions (spaces that start above 0), and an agent the env removes without a
-done flag or a next observation is bootstrapped alike by PPO's GAE and IMPALA's V-trace."""
+done flag or a next observation is bootstrapped alike by PPO's GAE, IMPALA's V-trace and DQN's
+n-step windows."""
 
 from __future__ import annotations
 
@@ -155,6 +156,35 @@ def test_ppo_and_impala_bootstrap_an_agent_removed_without_a_flag_or_an_observat
             _, _, values, bootstrap_value, _ = impala.time_major_forward(pid, cols, None)
             vs, _ = impala.vtrace_targets(cols, cols["action_logp"], values, bootstrap_value)
         assert float(vs[last_t, 0]) == pytest.approx(expected, rel=1e-5)
+
+
+def test_dqn_cuts_the_n_step_windows_of_an_agent_removed_without_a_flag_or_an_observation_alike():
+    """The same rule for DQN's n-step windows (n = 2), over two episodes: ``gone`` (acts at t = 0,
+    1, 2, then vanishes) and ``cut`` (acts at t = 0, 1, truncated with no observation) end their
+    windows at their last step as truncations: not terminated, discounted (a bootstrap), with the
+    observation they last acted in as the next observation; ``stay``'s last windows bootstrap from
+    the final observation the env gave (t = 6). No window runs into the next episode."""
+    model = DQN(env=Vanishing, policies=["p_stay", "p_gone", "p_cut"], policy_mapping_fn=by_agent, num_envs=1,
+                train_freq=12, learning_starts=10**6, n_step=2, gamma=GAMMA, buffer_size=100, seed=0, hiddens=(8,),
+                total_env_steps=10**6)
+    sample_once(model)
+    scripts = (("p_stay", 0, range(6), 6), ("p_gone", 1, range(3), 2), ("p_cut", 2, range(2), 1))
+    for pid, index, acts, final_t in scripts:  # (policy, agent index, steps it acts at, its final observation's t)
+        buffer = model.default_datamodule.buffers[pid]
+        cols = {k: v[: len(buffer)] for k, v in buffer._columns.items()}
+        assert len(buffer) == 2 * len(acts)  # every step of both episodes
+        assert sorted(int(o[0]) for o in cols["obs"]) == sorted([*acts, *acts])
+        assert sorted({int(o[2]) for o in cols["obs"]}) == [0, 1]
+        assert not cols["terminateds"].any()  # no termination was declared
+        for n in range(len(buffer)):
+            t, episode = int(cols["obs"][n][0]), int(cols["obs"][n][2])
+            assert cols["obs"][n].tolist() == [t, index, episode]
+            window = [s for s in (t, t + 1) if s in acts]
+            expected = sum(GAMMA ** k * (s + 1 + 10 * index) for k, s in enumerate(window))  # Vanishing's rewards
+            assert float(cols["rewards"][n]) == pytest.approx(expected, rel=1e-6)
+            assert float(cols["discounts"][n]) == pytest.approx(GAMMA ** len(window), rel=1e-6)  # bootstrapped
+            # the step after the window; past the agent's last step, its final observation
+            assert cols["next_obs"][n].tolist() == [min(window[-1] + 1, final_t), index, episode]
 
 
 class StartedDiscreteActions(Started):

@@ -1,0 +1,30 @@
+"""The benchmark scripts run as documented (``python benchmarks/NAME.py ...``), on tiny settings:
+their last stdout line is the JSON object of figures their docstrings promise."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_benchmark(name: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    pythonpath = [str(ROOT), *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), *args], cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(pythonpath)}, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_env_state_prints_its_figures_as_json_last():
+    proc = run_benchmark("env_state", "--num-envs", "2", "--steps", "5", "--repeats", "1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("2 sync CartPoles after 5 steps: capture "), proc.stdout
+    result = json.loads(lines[-1])
+    assert sorted(result) == ["capture_ms", "kB", "num_envs", "steps", "torch_save_ms"]
+    assert (result["num_envs"], result["steps"]) == (2, 5)
+    assert all(isinstance(result[k], float) and result[k] > 0 for k in ("capture_ms", "torch_save_ms", "kB"))
