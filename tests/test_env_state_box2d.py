@@ -35,9 +35,10 @@ def test_box2d_fit_saves_and_resume_falls_back_to_reseeded_envs_with_one_warning
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trainer = quiet_trainer(max_epochs=3, enable_checkpointing=True, callbacks=[saves])
-        trainer.fit(model)  # three saves during fit, one capture at teardown
+        trainer.fit(model)  # three saves during fit, last.ckpt and one capture at teardown
         trainer.save_checkpoint(tmp_path / "end.ckpt")  # and one after
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["end.ckpt", "epoch=0.ckpt", "epoch=1.ckpt", "epoch=2.ckpt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "end.ckpt", "epoch=0.ckpt", "epoch=1.ckpt", "epoch=2.ckpt", "last.ckpt"]
     assert [str(w.message) for w in caught if "env state" in str(w.message)] == []  # saving is silent
     state = torch.load(tmp_path / "epoch=1.ckpt", weights_only=True)["lightning_rl"]["datamodule"]["ranks"][0]
     assert "SwigPyObject" in state["envs"]["unsupported"]
