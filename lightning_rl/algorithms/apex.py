@@ -154,6 +154,7 @@ class APEX(DQN):
         self.training_intensity = training_intensity
 
     supports_multi_agent = False  # its workers sample single-agent envs
+    lr_schedule_unset = "constant"  # DQN decays its rate; APEX's measured defaults keep it constant
 
     def exploration_kwargs(self, policy_id: str) -> dict[str, Any]:
         """Worker 0's epsilon: what the learner process samples with when ``num_workers=0``."""

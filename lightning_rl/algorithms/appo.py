@@ -59,7 +59,7 @@ class APPO(IMPALA):
         check_finite: raise on a NaN or infinite reward or observation, naming the field, the env and its step.
         compile: run each update step as compiled graphs (same results up to rounding; else eager, with a warning).
         lr: Adam's learning rate.
-        lr_schedule: ``constant``/``None``, ``linear`` (to 0 at ``total_env_steps``) or ``[[env_step, lr], ...]``.
+        lr_schedule: ``linear`` to 0 at ``total_env_steps`` (default if set), ``constant`` or ``[[env_step, lr], ...]``.
         gamma: discount factor in (0, 1].
         lambda_: V-trace's trace decay in [0, 1] (1: the paper's; lower trades bias for variance).
         grad_clip: maximum global norm of the gradients (``None``: no clipping).

@@ -73,15 +73,19 @@ PolicyMapping = dict[str, str] | Callable[[str], str]
 
 
 def resolve_schedule(
-    name: str, schedule: Schedule, initial: float, total_env_steps: int | None
+    name: str, schedule: Schedule, initial: float, total_env_steps: int | None, unset: str = "constant"
 ) -> list[tuple[float, float]] | None:
-    """``"constant"``/``None`` -> no schedule; ``"linear"`` -> ``initial`` down to 0 over
-    ``total_env_steps``; a list of ``[env_step, value]`` points -> piecewise linear."""
-    if schedule is None or schedule == "constant":
+    """``"constant"`` -> no schedule; ``"linear"`` -> ``initial`` down to 0 over
+    ``total_env_steps``; a list of ``[env_step, value]`` points -> piecewise linear. ``None`` (not
+    set) -> ``unset``, where ``"linear"`` means linear over a budget and constant without one."""
+    if schedule is None:
+        schedule = "linear" if unset == "linear" and total_env_steps is not None else "constant"
+    if schedule == "constant":
         return None
     if schedule == "linear":
         if total_env_steps is None:
-            raise ValueError(f"{name}='linear' decays to 0 over total_env_steps, which is None")
+            raise ValueError(f"{name}='linear' decays to 0 over total_env_steps, which is None: set total_env_steps "
+                             f"or pass {name}='constant'")
         return [(0.0, initial), (float(total_env_steps), 0.0)]
     if isinstance(schedule, str):
         raise ValueError(f"{name} must be 'constant', 'linear' or a list of [env_step, value], got {schedule!r}")
@@ -262,6 +266,8 @@ class RLModule(pl.LightningModule):
         self.resume_command: list[str] | None = None  # lightning-rl arguments, for the message after Ctrl-C
 
     supports_multi_agent = False  # algorithms whose sampler and learner handle several policies set it
+    # what lr_schedule=None means: "linear" decays to 0 at total_env_steps (constant without a budget)
+    lr_schedule_unset = "constant"
     # what total_env_steps and schedules count: env steps, or agents' steps (count_steps_by="agent_steps")
     budget_counter = "num_env_steps_sampled"
 

@@ -69,8 +69,8 @@ class IMPALA(RLModule):
         evaluation_num_episodes: greedy episodes per evaluation (validation and test), one per env.
         check_finite: raise on a NaN or infinite reward or observation, naming the field, the env and its step.
         compile: run each update step as compiled graphs (same results up to rounding; else eager, with a warning).
-        lr: Adam's learning rate.
-        lr_schedule: ``constant``/``None``, ``linear`` (to 0 at ``total_env_steps``) or ``[[env_step, lr], ...]``.
+        lr: Adam's learning rate (one step per batch: lower rates leave the value function unfit for long).
+        lr_schedule: ``linear`` to 0 at ``total_env_steps`` (default if set), ``constant`` or ``[[env_step, lr], ...]``.
         gamma: discount factor in (0, 1].
         lambda_: V-trace's trace decay in [0, 1] (1: the paper's; lower trades bias for variance).
         grad_clip: maximum global norm of the gradients (``None``: no clipping).
@@ -119,7 +119,7 @@ class IMPALA(RLModule):
         evaluation_num_episodes: int = 10,
         check_finite: bool = True,
         compile: bool = False,
-        lr: float = 5e-4,
+        lr: float = 2e-3,
         lr_schedule: Schedule = None,
         gamma: float = 0.99,
         lambda_: float = 1.0,
@@ -173,7 +173,7 @@ class IMPALA(RLModule):
                 )
         self.sgd_minibatch_size = sgd_minibatch_size
         self.lr = lr
-        self.lr_points = resolve_schedule("lr_schedule", lr_schedule, lr, total_env_steps)
+        self.lr_points = resolve_schedule("lr_schedule", lr_schedule, lr, total_env_steps, self.lr_schedule_unset)
         self.gamma, self.lambda_, self.grad_clip = gamma, lambda_, grad_clip
         self.vf_loss_coeff, self.entropy_coeff = vf_loss_coeff, entropy_coeff
         self.clip_rho, self.clip_pg_rho = vtrace_clip_rho_threshold, vtrace_clip_pg_rho_threshold
@@ -191,6 +191,7 @@ class IMPALA(RLModule):
         self.build_policies(RecurrentActorCritic if use_lstm else ActorCritic, **defaults)
 
     supports_multi_agent = True  # time-major columns per (env, agent): MultiAgentFragmentSampler
+    lr_schedule_unset = "linear"  # with a constant rate the greedy policy swings to the end of a budget
 
     def configure_optimizers(self) -> Any:
         return [torch.optim.Adam(self.policies[pid].parameters(), lr=self.lr, fused=True)

@@ -96,7 +96,7 @@ class OffPolicyModule(RLModule):
         if not 0.0 <= prioritized_replay_beta <= 1.0:
             raise ValueError(f"prioritized_replay_beta must be in [0, 1], got {prioritized_replay_beta}")
         self.lr = lr
-        self.lr_points = resolve_schedule("lr_schedule", lr_schedule, lr, total_env_steps)
+        self.lr_points = resolve_schedule("lr_schedule", lr_schedule, lr, total_env_steps, self.lr_schedule_unset)
         self.grad_clip = grad_clip
         self.gamma = gamma
         self.num_gradient_steps = num_gradient_steps
