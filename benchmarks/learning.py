@@ -5,11 +5,18 @@ The configurations are those of ``tests/test_learning*.py`` (the README's learni
 * ``ppo_cartpole``: PPO on CartPole-v1 at rl-zoo's settings, 100k env steps;
 * ``a2c_cartpole``: A2C on CartPole-v1 at rl-zoo's settings (the defaults), 500k env steps;
 * ``ppo_pendulum``: PPO on Pendulum-v1 at rl-zoo's settings without gSDE, 300k env steps;
-* ``dqn_cartpole``: DQN on CartPole-v1, the defaults (double Q, dueling, 3-step) with a linear
-  learning-rate decay, 60k env steps;
-* ``dqn_cartpole_defaults``: the same with every default, constant learning rate (not run by
-  default; ``--algos dqn_cartpole_defaults``);
-* ``sac_pendulum``: SAC on Pendulum-v1, the defaults, 20k env steps.
+* ``dqn_cartpole``: DQN on CartPole-v1, the defaults (double Q, dueling, 3-step, the learning
+  rate decayed linearly to 0 at the budget), 60k env steps;
+* ``dqn_cartpole_constant_lr``: the same with a constant learning rate (the defaults before they
+  decayed it; not run by default, ``--algos dqn_cartpole_constant_lr``);
+* ``sac_pendulum``: SAC on Pendulum-v1, the defaults, 20k env steps;
+* ``impala_cartpole``: IMPALA on CartPole-v1, the defaults (2 sampler worker processes), 500k env steps;
+* ``appo_cartpole``: APPO on CartPole-v1, the defaults (2 sampler worker processes), 500k env steps.
+
+The async runs (IMPALA, APPO) are not deterministic: the order in which the workers' fragments
+reach the learner depends on timing. Each takes three processes (the learner and two samplers),
+so it runs alone: a run starts only while the processes of the runs in flight, its own included,
+fit in ``--workers`` (or when nothing else runs).
 
 DD-PPO (2 CPU ranks under DDP) is left out: each run here is one process, and a DDP run would
 need two cores of its own; ``tests/test_ddp.py`` covers it.
@@ -23,9 +30,11 @@ greedy episodes with ``lightning_rl.evaluate(model, num_episodes=20, seed=seed +
 
 Reported per configuration: that final greedy return (mean ± std over seeds, and per seed);
 steps-to-threshold, the first env step at which a greedy evaluation during training reached the
-threshold (CartPole 475, Pendulum -200; "k/n solved", mean over the solved seeds); and the wall
-time of ``fit`` per run. The target for DQN's defaults is greedy >= 475 within 60k env steps on
-at least 4 seeds of 5 (80% of the seeds); the table says whether it was met.
+threshold (CartPole 475, Pendulum -200; "k/n solved", mean over the solved seeds); the seeds whose
+final greedy return reached the target return, where a configuration has one; and the wall time
+of ``fit`` per run. The targets: DQN's defaults end at greedy >= 475 after 60k env steps, IMPALA's
+and APPO's at greedy >= 400 after 500k, each on at least 4 seeds of 5 (80% of the seeds); the
+table says whether each was met.
 
 Outputs: a Markdown table, then one JSON object as the last stdout line (every figure, no
 curves); the curves as a PNG (one panel per configuration: mean and min-max band over seeds,
@@ -40,7 +49,8 @@ runs finished so far are kept in ``<stem>.partial.json``. Ctrl-C or SIGTERM kill
 
 Usage::
 
-    python benchmarks/learning.py                                       # all five, seeds 0-4
+    python benchmarks/learning.py                                       # all configurations, seeds 0-4
+    python benchmarks/learning.py --algos impala_cartpole,appo_cartpole --seeds 10,11,12,13,14
     python benchmarks/learning.py --algos dqn_cartpole --seeds 0,1,2,3,4
     python benchmarks/learning.py --compile --out docs/learning_seeds_compiled.png   # compiled updates
     python benchmarks/learning.py --scale 0.02 --seeds 0,1 --out /tmp/smoke.png   # smoke check
@@ -97,7 +107,7 @@ import pytorch_lightning as pl  # noqa: E402
 import torch  # noqa: E402
 
 import lightning_rl  # noqa: E402
-from lightning_rl import A2C, DQN, PPO, SAC, RLModule, evaluate  # noqa: E402
+from lightning_rl import A2C, APPO, DQN, IMPALA, PPO, SAC, RLModule, evaluate  # noqa: E402
 
 TARGET_EVALUATIONS = 40  # greedy evaluations per run over the budget
 EVAL_EPISODES = 10  # per evaluation during training
@@ -115,17 +125,26 @@ class Config:
     threshold: float  # greedy evaluation return that counts as solved
     settings: dict[str, Any] = field(default_factory=dict)
     est_s: float = 0.0  # rough wall time of one run at --scale 1 on a free core (orders the runs)
-    required_solved: float | None = None  # fraction of seeds that must solve, where there is a target
+    target_return: float | None = None  # final greedy return a seed must end at, where there is a target
+    required: float | None = None  # fraction of seeds that must reach ``target_return``
+    processes: int = 1  # processes one run keeps busy (async: the learner and its sampler workers)
 
-    def steps_per_iteration(self) -> int:
-        """Env steps sampled per training iteration, from the settings over the class defaults."""
+    def params(self) -> dict[str, Any]:
+        """The settings over the class defaults."""
         params = {
             name: p.default for name, p in inspect.signature(self.algo.__init__).parameters.items()
             if p.default is not inspect.Parameter.empty
         }
-        params.update(self.settings)
+        return {**params, **self.settings}
+
+    def steps_per_iteration(self) -> int:
+        """Env steps trained per training iteration (an async batch: whole fragments, rounded up)."""
+        params = self.params()
         per_env = params["rollout_fragment_length"] if "rollout_fragment_length" in params else params["train_freq"]
-        return int(params["num_envs"]) * int(per_env)
+        fragment = int(params["num_envs"]) * int(per_env)
+        if "num_workers" in params:
+            return math.ceil(int(params["train_batch_size"]) / fragment) * fragment
+        return fragment
 
 
 CONFIGS: dict[str, Config] = {
@@ -146,14 +165,22 @@ CONFIGS: dict[str, Config] = {
         est_s=270,
     ),
     "dqn_cartpole": Config(
-        "DQN CartPole-v1, defaults", DQN, 60_000, 475.0,
-        dict(env="CartPole-v1", lr_schedule="linear"), est_s=300, required_solved=0.8,
+        "DQN CartPole-v1, defaults", DQN, 60_000, 475.0, dict(env="CartPole-v1"), est_s=300,
+        target_return=475.0, required=0.8,
     ),
-    "dqn_cartpole_defaults": Config(
-        "DQN CartPole-v1, pure defaults (constant lr)", DQN, 60_000, 475.0, dict(env="CartPole-v1"),
-        est_s=300, required_solved=0.8,
+    "dqn_cartpole_constant_lr": Config(
+        "DQN CartPole-v1, defaults but a constant lr", DQN, 60_000, 475.0,
+        dict(env="CartPole-v1", lr_schedule="constant"), est_s=300, target_return=475.0, required=0.8,
     ),
     "sac_pendulum": Config("SAC Pendulum-v1, defaults", SAC, 20_000, -200.0, dict(env="Pendulum-v1"), est_s=500),
+    "impala_cartpole": Config(
+        "IMPALA CartPole-v1, defaults, 2 workers", IMPALA, 500_000, 475.0, dict(env="CartPole-v1"), est_s=45,
+        target_return=400.0, required=0.8, processes=3,
+    ),
+    "appo_cartpole": Config(
+        "APPO CartPole-v1, defaults, 2 workers", APPO, 500_000, 475.0, dict(env="CartPole-v1"), est_s=45,
+        target_return=400.0, required=0.8, processes=3,
+    ),
 }
 
 
@@ -287,8 +314,10 @@ def run_all(jobs: Sequence[tuple[str, int]], scale: float, workers: int, run_tim
         workdir = Path(tmp)
         try:
             while pending or running:
-                while pending and len(running) < workers:
+                busy = sum(CONFIGS[r.name].processes for r in running)
+                while pending and (not running or busy + CONFIGS[pending[0][0]].processes <= workers):
                     running.append(start_run(*pending.popleft(), scale, workdir, compile))
+                    busy += CONFIGS[running[-1].name].processes
                 time.sleep(0.2)
                 for r in list(running):
                     rc = r.proc.poll()
@@ -346,7 +375,8 @@ def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         final_mean, final_std = mean_std(finals)
         steps_mean, steps_std = mean_std([float(s) for s in solved])
         fit_mean, fit_std = mean_std([r["fit_s"] for r in mine])
-        target = None if config.required_solved is None else math.ceil(config.required_solved * len(mine))
+        target = None if config.required is None else math.ceil(config.required * len(mine))
+        ended = None if config.target_return is None else sum(f >= config.target_return for f in finals)
         out[name] = {
             "label": config.label, "env": config.settings["env"], "env_steps": mine[0]["env_steps"],
             "threshold": config.threshold, "seeds": [r["seed"] for r in mine],
@@ -354,7 +384,8 @@ def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "solved": len(solved), "runs": len(mine), "steps_to_threshold": steps_mean,
             "steps_to_threshold_std": steps_std, "steps_to_threshold_per_seed": reached,
             "fit_s": fit_mean, "fit_s_std": fit_std, "fit_s_per_seed": [r["fit_s"] for r in mine],
-            "required_solved": target, "target_met": None if target is None else len(solved) >= target,
+            "target_return": config.target_return, "ended_at_target": ended, "required": target,
+            "target_met": None if target is None else ended >= target,
         }
     return out
 
@@ -362,17 +393,19 @@ def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
 def markdown_table(summary: dict[str, Any]) -> str:
     rows = [
         "| configuration | env steps | final greedy return (20 ep), mean ± std over seeds | per seed | solved "
-        "(greedy ≥ threshold) | steps to threshold (solved seeds) | fit s per run |",
-        "|---|---|---|---|---|---|---|",
+        "(greedy ≥ threshold) | steps to threshold (solved seeds) | target | fit s per run |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for s in summary.values():
         per_seed = ", ".join(f"{v:.0f}" for v in s["final_return_per_seed"])
         solved = f"{s['solved']}/{s['runs']} (≥ {s['threshold']:g})"
-        if s["required_solved"] is not None:
-            solved += f"; target ≥ {s['required_solved']}: {'met' if s['target_met'] else 'NOT met'}"
+        target = "-"
+        if s["required"] is not None:
+            target = (f"{s['ended_at_target']}/{s['runs']} end ≥ {s['target_return']:g}, {s['required']} required: "
+                      f"{'met' if s['target_met'] else 'NOT met'}")
         rows.append(
             f"| {s['label']} | {s['env_steps']:,} | {fmt(s['final_return'], s['final_return_std'])} | {per_seed} | "
-            f"{solved} | {fmt(s['steps_to_threshold'], s['steps_to_threshold_std'], 0)} | "
+            f"{solved} | {fmt(s['steps_to_threshold'], s['steps_to_threshold_std'], 0)} | {target} | "
             f"{fmt(s['fit_s'], s['fit_s_std'], 0)} |"
         )
     return "\n".join(rows)
@@ -458,10 +491,11 @@ def report(runs: Sequence[dict[str, Any]], meta: dict[str, Any], png: Path | Non
 # --------------------------------------------------------------------------- main
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    default_algos = ",".join(n for n in CONFIGS if n != "dqn_cartpole_defaults")
+    default_algos = ",".join(n for n in CONFIGS if n != "dqn_cartpole_constant_lr")
     p.add_argument("--algos", default=default_algos, help=f"comma-separated subset of {','.join(CONFIGS)}")
     p.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated seeds (default 0,1,2,3,4)")
-    p.add_argument("--workers", type=int, default=2, help="runs at a time, one process and torch thread each")
+    p.add_argument("--workers", type=int, default=2, help="processes at a time, one torch thread each (an async run "
+                   "takes 3)")
     p.add_argument("--out", default=None, help="PNG of the curves (default docs/learning_seeds.png); the runs go "
                    "to the same path with .json")
     p.add_argument("--scale", type=float, default=1.0, help="multiply every env-step budget (0.02: smoke check)")
@@ -520,7 +554,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Longest runs first, so the last ones to finish are short.
     order = sorted(args.algos, key=lambda n: -CONFIGS[n].est_s)
     jobs = [(name, seed) for name in order for seed in args.seeds]
-    estimate = sum(CONFIGS[name].est_s for name, _ in jobs) / min(args.workers, len(jobs))
+    estimate = sum(CONFIGS[name].est_s * min(CONFIGS[name].processes, args.workers) for name, _ in jobs) / min(
+        args.workers, len(jobs))
     print(f"rough wall time at --scale 1 with {args.workers} free cores: {estimate / 60:.0f} min", flush=True)
     start = time.perf_counter()
     try:
