@@ -1,4 +1,4 @@
-"""Oracle tests for SampleBatch / MultiAgentBatch (DESIGN.md, "Core contracts")."""
+"""Oracle tests for SampleBatch / MultiAgentBatch (docs/design.md, "Core contracts")."""
 
 from __future__ import annotations
 

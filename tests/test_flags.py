@@ -1,4 +1,4 @@
-"""Every PPO/A2C flag is proven to change the update (DESIGN: tests tier 2)."""
+"""Every PPO/A2C flag is proven to change the update (docs/design.md, "Tests (tiers)": tier 2)."""
 
 from __future__ import annotations
 

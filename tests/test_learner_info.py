@@ -1,4 +1,4 @@
-"""Oracle tests for LearnerInfoBuilder's reduction rules (DESIGN.md, "Core contracts")."""
+"""Oracle tests for LearnerInfoBuilder's reduction rules (docs/design.md, "Core contracts")."""
 
 from __future__ import annotations
 
