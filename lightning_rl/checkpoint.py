@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import warnings
+import weakref
 import zipfile
 from collections.abc import Callable
 from os import PathLike
@@ -82,20 +83,21 @@ def class_path(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
+_DEFINED: weakref.WeakValueDictionary[str, type[RLModule]] = weakref.WeakValueDictionary()
+
+
+def register_algorithm(cls: type[RLModule]) -> None:
+    """Record ``cls`` under ``module.QualName``: ``RLModule.__init_subclass__`` calls it for every
+    subclass as it is defined (a later class of the same path replaces the earlier one)."""
+    _DEFINED[class_path(cls)] = cls
+
+
 def algorithm_registry() -> dict[str, type[RLModule]]:
-    """Every concrete ``RLModule`` subclass defined in this process, by ``module.QualName``.
+    """Every ``RLModule`` subclass defined in this process (and still alive), by ``module.QualName``.
 
     Classes get here by being defined (imported by the user's own code), never because a
     checkpoint names them."""
-    from lightning_rl.algorithms.base import RLModule
-
-    found: dict[str, type[RLModule]] = {}
-    stack = list(RLModule.__subclasses__())
-    while stack:
-        cls = stack.pop()
-        stack.extend(cls.__subclasses__())
-        found[class_path(cls)] = cls
-    return found
+    return dict(_DEFINED)
 
 
 def algorithm_names() -> list[str]:

@@ -34,11 +34,13 @@ from lightning_rl import inference
 from lightning_rl.batch import DEFAULT_POLICY_ID, MultiAgentBatch
 from lightning_rl.checkpoint import (
     CheckedCheckpointIO,
+    algorithm_registry,
     builtin_algorithm,
     callable_placeholder,
     check_not_placeholder,
     class_path,
     pack_rank_states,
+    register_algorithm,
     unpack_rank_state,
 )
 from lightning_rl.data.base import EnvDataModule, eval_mode, new_generator, policy_state, rank_seed
@@ -126,10 +128,9 @@ def default_policy_mapping(agent_id: str) -> str:
 
 def multi_agent_algorithms() -> list[str]:
     """The names of lightning_rl's algorithms whose ``supports_multi_agent`` is set, sorted."""
-    import lightning_rl.algorithms as algorithms
-
-    return sorted(name for name in algorithms.__all__ if not name.endswith("Module")
-                  and getattr(algorithms, name).supports_multi_agent)
+    return sorted(path.rsplit(".", 1)[-1] for path, cls in algorithm_registry().items()
+                  if path.startswith("lightning_rl.algorithms.") and not path.endswith("Module")
+                  and cls.supports_multi_agent)
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -270,6 +271,10 @@ class RLModule(pl.LightningModule):
     lr_schedule_unset = "constant"
     # what total_env_steps and schedules count: env steps, or agents' steps (count_steps_by="agent_steps")
     budget_counter = "num_env_steps_sampled"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        register_algorithm(cls)  # checkpoints and the CLI resolve algorithms among the defined ones
 
     def save_hyperparameters(self, *args: Any, ignore: Sequence[str] | str | None = None, frame: Any = None,
                              logger: bool = True) -> None:
