@@ -17,6 +17,10 @@ KNOWN_WARNINGS: tuple[tuple[type[Warning], str], ...] = (
     (UserWarning, r"The number of training batches \(\d+\) is smaller than the logging interval"),
     # Without evaluation_interval the val loader is empty by design (RLModule.val_dataloader).
     (UserWarning, r"Total length of `list` across ranks is zero"),
+    # Sampling steps envs with the live policy, so it runs in the training process: the advice to
+    # add DataLoader workers, and the caveat about __len__ with several of them, do not apply.
+    (UserWarning, r"The '\w+' does not have many workers"),
+    (UserWarning, r"Your `IterableDataset` has `__len__` defined"),
 )
 
 

@@ -31,12 +31,6 @@ from lightning_rl.data.envs import (
 if TYPE_CHECKING:
     from lightning_rl.algorithms.base import RLModule
 
-# Sampling steps envs with the live policy, so it must run in the training process: the
-# "many workers" advice and the multi-worker __len__ caveat do not apply.
-warnings.filterwarnings("ignore", message=".*does not have many workers.*")
-warnings.filterwarnings("ignore", message=".*IterableDataset.*has `__len__` defined.*")
-
-
 def rank_seed(seed: int | None, rank: int) -> int | None:
     """Distinct env seeds per DDP rank (``seed + 1000 * rank``)."""
     return None if seed is None else seed + 1000 * rank
