@@ -159,3 +159,36 @@ def test_a_users_progress_bar_is_kept_and_a_plain_one_keeps_its_settings(tmp_pat
                             callbacks=[TQDMProgressBar(refresh_rate=3)])
     trainer.fit(tiny_ppo(None))
     assert type(trainer.progress_bar_callback) is EnvStepProgressBar and trainer.progress_bar_callback.refresh_rate == 3
+
+
+def test_learner_info_is_logged_on_the_iterations_lightning_writes_fresh_and_resumed(tmp_path):
+    """``should_log`` reads public loop progress; it agrees with Lightning's own logger cadence
+    (its private ``should_update_logs``, the oracle) on every iteration, and after a resume."""
+    from pytorch_lightning.callbacks import ModelCheckpoint
+
+    from lightning_rl.callbacks.learner_info import should_log
+
+    class Compare(pl.Callback):
+        def __init__(self):
+            self.rows = []
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            last = batch_idx + 1 >= trainer.num_training_batches
+            self.rows.append((trainer.global_step, should_log(trainer, batch_idx),
+                              trainer._logger_connector.should_update_logs or last))
+
+    def ppo():
+        return PPO(env="CartPole-v1", num_envs=2, rollout_fragment_length=8, sgd_minibatch_size=8, num_sgd_iter=1,
+                   hiddens=(8,), seed=0, iterations_per_epoch=5, total_env_steps=None)
+
+    fresh, resumed = Compare(), Compare()
+    saves = ModelCheckpoint(dirpath=tmp_path, every_n_epochs=1, save_top_k=-1, filename="{epoch}")
+    quiet_trainer(max_epochs=4, log_every_n_steps=3, enable_checkpointing=True,
+                  callbacks=[fresh, saves]).fit(ppo())
+    quiet_trainer(max_epochs=4, log_every_n_steps=3, callbacks=[resumed]).fit(
+        ppo(), ckpt_path=tmp_path / "epoch=1.ckpt")
+    assert len(fresh.rows) == 20 and len(resumed.rows) == 10
+    for rows in (fresh.rows, resumed.rows):
+        assert [ours for _, ours, _ in rows] == [lightning for _, _, lightning in rows], rows
+    assert [ours for _, ours, _ in fresh.rows[10:]] == [ours for _, ours, _ in resumed.rows]
+    assert sum(ours for _, ours, _ in fresh.rows) == 4 + 6 - 1  # 4 epoch ends, 6 third iterations, 15 both

@@ -25,7 +25,11 @@ def should_log(trainer: pl.Trainer, batch_idx: int) -> bool:
     """Log on the iterations Lightning writes to its loggers (every ``log_every_n_steps``) and
     on the last of each epoch, for epoch-end monitors. ``self.log`` costs far more than an
     iteration of small-batch RL, and on other iterations Lightning would discard the value."""
-    return trainer._logger_connector.should_update_logs or batch_idx + 1 >= trainer.num_training_batches
+    if batch_idx + 1 >= trainer.num_training_batches or trainer.should_stop:
+        return True
+    # the fit's batches so far, this one included: the step Lightning's logger cadence counts
+    step = trainer.fit_loop.epoch_loop.batch_progress.total.ready
+    return trainer.log_every_n_steps > 0 and step % trainer.log_every_n_steps == 0
 
 
 LIGHTNING_LOG_EVERY_N_STEPS = 50  # the Trainer's default: what "not set" looks like
