@@ -1,0 +1,113 @@
+"""The package's layers (docs/design.md): no import cycle, and the data layer imports no algorithm.
+
+The import graph is read from the source with ``ast``: every ``import`` / ``from ... import`` of a
+``lightning_rl`` module, at module level and inside functions, ``if TYPE_CHECKING:`` blocks left
+out (they never run), an imported name resolved to its module when it is one.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "lightning_rl"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def imports(path: Path, modules: set[str]) -> set[str]:
+    """The ``lightning_rl`` modules ``path`` imports when it runs."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _type_checking(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name.startswith("lightning_rl"))
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            if base.startswith("lightning_rl"):
+                named = [f"{base}.{a.name}" for a in node.names]
+                found.update(m for m in named if m in modules)
+                if any(m not in modules for m in named):  # a name defined in ``base`` itself
+                    found.add(base)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text()))
+    return {m for m in found if m in modules and m != name}
+
+
+def import_graph() -> dict[str, set[str]]:
+    paths = sorted(PACKAGE.rglob("*.py"))
+    modules = {module_name(p) for p in paths}
+    return {module_name(p): imports(p, modules) for p in paths}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def connect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            connect(v)
+    return found
+
+
+def test_the_graph_is_read_from_the_source():
+    graph = import_graph()
+    assert len(graph) > 40
+    assert "lightning_rl.functional" in graph["lightning_rl.algorithms.on_policy"]
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_import_cycle_function_level_imports_included():
+    assert cycles(import_graph()) == []
+
+
+def test_the_data_layer_imports_no_algorithm():
+    graph = import_graph()
+    leaks = {m: sorted(d for d in deps if d.startswith("lightning_rl.algorithms"))
+             for m, deps in graph.items() if m.startswith("lightning_rl.data")}
+    assert {m: d for m, d in leaks.items() if d} == {}
