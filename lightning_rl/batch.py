@@ -17,7 +17,13 @@ Column names used across the library (``SampleBatch.OBS`` etc.):
 ``batch_indexes``         replay-buffer indexes of the rows (off-policy)
 ``weights``               importance weights of the rows (prioritized replay)
 ``discounts``             ``gamma ** k`` for the bootstrap of an n-step target
+``valid``                 ``[T, N]`` of a fragment: False on the reset rows of autoreset
+``bootstrap_obs``         ``[N]`` of a fragment: the observation after its last step
+``bootstrap_<input>``     ``[N]`` of a fragment: a recurrent policy's input after it
 ========================  ==================================================
+
+A *fragment* is time-major: ``[T, N]`` columns of ``T`` steps of ``N`` envs, and ``[N]``
+``bootstrap_*`` columns, what the learner reads after the last step (``docs/design.md``).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import torch
 from torch import Tensor
 
 DEFAULT_POLICY_ID = "default_policy"
+BOOTSTRAP = "bootstrap_"  # prefix of a fragment's [N] columns: what is read after its last step
 
 _Index = slice | Tensor | np.ndarray | Sequence[int]
 
@@ -56,6 +63,8 @@ class SampleBatch(dict):
     BATCH_INDEXES = "batch_indexes"
     WEIGHTS = "weights"
     DISCOUNTS = "discounts"
+    VALID = "valid"  # a fragment's real transitions (not the reset rows of next-step autoreset)
+    BOOTSTRAP_OBS = BOOTSTRAP + "obs"
 
     def __init__(self, columns: Mapping[str, Tensor] | None = None, **kwargs: Tensor) -> None:
         super().__init__()

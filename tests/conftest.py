@@ -59,12 +59,13 @@ def fit_in_halves(make: Callable[[], pl.LightningModule], tmp_path: Path, batche
 
 
 def sample_once(model: pl.LightningModule):
-    """One iteration's batch from the model's own sampler, outside fit."""
+    """One iteration's batch from the model's own sampler, outside fit, post-processed as the
+    training step learns on it (``postprocess``: GAE for the policy-gradient methods)."""
     dm = model.default_datamodule
     dm.connect(model)
     dm.setup("fit")
     try:
-        return dm.sample()
+        return model.postprocess(dm.sample())
     finally:
         dm.close()
 

@@ -351,8 +351,9 @@ def a2c_reference_gradient(model: A3C, rollout: dict, valid: torch.Tensor, boots
               hiddens=h.hiddens, gamma=h.gamma, lambda_=h.lambda_, vf_loss_coeff=h.vf_loss_coeff,
               entropy_coeff=h.entropy_coeff, seed=123, total_env_steps=None)
     ref.policies.load_state_dict(model.policies.state_dict())
-    batch = ref.postprocess_rollout(PID, SampleBatch({k: v.clone() for k, v in rollout.items()}), bootstrap_obs,
-                                    valid)
+    fragment = SampleBatch({**{k: v.clone() for k, v in rollout.items()}, SampleBatch.VALID: valid,
+                            SampleBatch.BOOTSTRAP_OBS: bootstrap_obs})
+    batch = ref.postprocess(MultiAgentBatch({PID: fragment}, env_steps=valid.numel())).policy_batches[PID]
     loss, _ = ref.loss(PID, batch)
     loss.backward()
     return torch.cat([p.grad.reshape(-1) for p in ref.policies[PID].parameters()])

@@ -85,10 +85,12 @@ class BatchLog(pl.Callback):
         self.obs, self.rewards, self.scales = [], [], []
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        policy_batch = batch.policy_batches["default_policy"]
+        self.scales.append(pl_module.policy.return_rms.scale.item())  # as when the batch was sampled
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        policy_batch = batch.policy_batches["default_policy"]  # the rows trained on (post-processed in place)
         self.obs.append(policy_batch["obs"].double().numpy().copy())
         self.rewards.append(policy_batch["rewards"].numpy().copy())
-        self.scales.append(pl_module.policy.return_rms.scale.item())
 
 
 def normalized_ppo(**kwargs) -> PPO:

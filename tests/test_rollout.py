@@ -30,12 +30,18 @@ def test_batch_columns_and_counts(model):
     dm = connected(model)
     batch = dm.sample()
     assert isinstance(batch, MultiAgentBatch) and batch.env_steps == 32
-    pb = batch.policy_batches["default_policy"]
+    fragment = batch.policy_batches["default_policy"]  # time-major, as docs/design.md states
+    for col in ("obs", "actions", "action_logp", "vf_preds", "rewards", "terminateds", "truncateds", "valid"):
+        assert fragment[col].shape[:2] == (8, 4), col
+    assert fragment["bootstrap_obs"].shape == (4, 4) and np.array_equal(fragment["bootstrap_obs"].numpy(), dm._obs)
+    assert "advantages" not in fragment  # the sampler computes no targets: the learner does
+    assert not any(torch.is_inference(v) for v in fragment.values())  # autograd may use the batch
+    pb = model.postprocess(batch).policy_batches["default_policy"]
     for col in ("obs", "actions", "action_logp", "vf_preds", "rewards", "terminateds", "truncateds",
                 "advantages", "value_targets"):
-        assert pb[col].shape[0] == pb.count, col
+        assert pb[col].shape[0] == pb.count == int(fragment["valid"].sum()), col
     assert pb["obs"].shape[1:] == (4,)
-    assert not any(torch.is_inference(v) for v in pb.values())  # autograd may use the batch
+    assert not {"valid", "bootstrap_obs"} & set(pb)
     dm.teardown("fit")
 
 
@@ -54,7 +60,7 @@ def test_sampling_runs_under_inference_mode(model):
 
 
 def test_action_logp_matches_the_policy(model):
-    pb = connected(model).sample().policy_batches["default_policy"]
+    pb = model.postprocess(connected(model).sample()).policy_batches["default_policy"]
     with torch.no_grad():
         dist, values = model.policies["default_policy"](pb["obs"])
     torch.testing.assert_close(dist.log_prob(pb["actions"]), pb["action_logp"])
@@ -203,3 +209,54 @@ def test_episode_statistics_match_gymnasiums_record_episode_statistics(mode):
     np.testing.assert_array_equal(ours.episode_returns, [0.0, before[1], 0.0, before[3]])
     ours.close()
     theirs.close()
+
+
+class _Watched:
+    """The module as the DataModule sees it, recording every attribute the sampler reads."""
+
+    def __init__(self, module) -> None:
+        object.__setattr__(self, "_module", module)
+        object.__setattr__(self, "read", set())
+
+    def __getattr__(self, name):
+        self.read.add(name)
+        return getattr(self._module, name)
+
+
+@pytest.mark.parametrize("use_lstm", [False, True])
+def test_sampling_asks_the_module_for_actions_only_and_the_learner_computes_the_targets(use_lstm):
+    """Data flows one way (docs/design.md): a fragment needs only the policy's actions; GAE, its
+    bootstrap value and the reset rows dropped are the training step's (``postprocess``)."""
+    model = PPO(env="CartPole-v1", num_envs=4, rollout_fragment_length=8, sgd_minibatch_size=8, seed=0,
+                total_env_steps=None, use_lstm=use_lstm, max_seq_len=8, gamma=0.9, lambda_=0.8)
+    dm = connected(model)
+    watched = _Watched(model)
+    dm.module = watched
+    batch = dm.sample()
+    assert watched.read <= {"policy_outputs", "is_recurrent", "initial_state"}, watched.read
+    fragment = dict(batch.policy_batches["default_policy"])
+    inputs = {k[len("bootstrap_"):]: v for k, v in fragment.items()
+              if k.startswith("bootstrap_") and k != "bootstrap_obs"}
+    assert bool(inputs) == use_lstm
+    with torch.no_grad():
+        bootstrap = model.policy.value(fragment["bootstrap_obs"], **inputs)
+    # GAE by a plain loop over each env's column, from the value of the observation after the fragment
+    rewards, values = fragment["rewards"], fragment["vf_preds"]
+    ends = fragment["terminateds"] | fragment["truncateds"]
+    advantages = torch.zeros(8, 4)
+    for n in range(4):
+        next_value, running = bootstrap[n], 0.0
+        for t in reversed(range(8)):
+            if ends[t, n]:
+                running = 0.0
+            delta = rewards[t, n] + 0.9 * next_value * (0.0 if fragment["terminateds"][t, n] else 1.0) - values[t, n]
+            running = delta + 0.9 * 0.8 * running
+            advantages[t, n], next_value = running, values[t, n]
+    pb = model.postprocess(batch).policy_batches["default_policy"]
+    if use_lstm:  # sequences of 8 steps of one env, the reset rows kept and masked
+        expected = advantages.T.reshape(-1)
+        torch.testing.assert_close(pb["mask"], fragment["valid"].T.reshape(-1).float())
+    else:
+        expected = advantages.reshape(-1)[fragment["valid"].reshape(-1)]
+    torch.testing.assert_close(pb["advantages"], expected)
+    dm.teardown("fit")

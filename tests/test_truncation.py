@@ -75,7 +75,7 @@ def test_reset_rows_are_not_trained_on():
     dm = RolloutDataModule(time_limited, num_envs=2, rollout_fragment_length=12, seed=0)
     dm.connect(model)
     dm.setup("fit")
-    batch = dm.sample().policy_batches["default_policy"]
+    batch = model.postprocess(dm.sample()).policy_batches["default_policy"]
     assert batch.count == 2 * 10  # 12 steps per env: 5 + reset + 5 + reset
     assert batch["rewards"].eq(1).all()  # reset rows carry reward 0; none are left
     assert batch["truncateds"].sum() == 4 and not batch["terminateds"].any()

@@ -14,7 +14,6 @@ from torch import Tensor, nn
 from lightning_rl.algorithms.base import PolicyMapping, Schedule, check_positive
 from lightning_rl.algorithms.impala import IMPALA
 from lightning_rl.batch import SampleBatch
-from lightning_rl.data.async_sampling import VALID
 from lightning_rl.data.envs import EnvSpec
 from lightning_rl.functional import masked_mean, ppo_surrogate_loss
 from lightning_rl.nn.encoders import Activation, EncoderSpec
@@ -183,7 +182,8 @@ class APPO(IMPALA):
 
         # log pi / pi_target: 0 on reset rows (the env ignored their actions), and bounded, so that
         # neither a reset row nor a far-moved Gaussian makes the masked mean inf * 0.
-        log_ratio = torch.where(batch[VALID].flatten(), (logp - target_logp).flatten(), 0.0).clamp(-20.0, 20.0)
+        valid = batch[SampleBatch.VALID].flatten()
+        log_ratio = torch.where(valid, (logp - target_logp).flatten(), 0.0).clamp(-20.0, 20.0)
         pg_loss, ratio = ppo_surrogate_loss(log_ratio, torch.zeros_like(log_ratio), pg_advantages.flatten(),
                                             self.clip_param, mask)
         vf_loss = 0.5 * masked_mean((values - vs).pow(2).flatten(), mask)

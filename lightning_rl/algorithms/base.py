@@ -467,6 +467,11 @@ class RLModule(pl.LightningModule):
             self._default_datamodule_active = False
 
     # ---------------------------------------------------------------- learning
+    def postprocess(self, batch: MultiAgentBatch) -> MultiAgentBatch:
+        """The targets an algorithm computes from what the sampler gave, on the learner (GAE for
+        the policy-gradient methods); the batch as it is by default."""
+        return batch
+
     def learn_on_batch(self, batch: MultiAgentBatch, builder: LearnerInfoBuilder) -> int:
         """Update the policies to train on one iteration's batch; add results to ``builder``.
         Returns the number of rows trained on (``num_agent_steps_trained``; single-agent, also
@@ -557,7 +562,7 @@ class RLModule(pl.LightningModule):
     def training_step(self, batch: MultiAgentBatch, batch_idx: int) -> dict[str, Any]:
         start = time.perf_counter()
         bypass_ddp_gradient_sync(self.trainer)
-        batch = batch.as_multi_agent()
+        batch = self.postprocess(batch.as_multi_agent())
         builder = LearnerInfoBuilder()
         trained = self.learn_on_batch(batch, builder)
         learner_info = builder.finalize()

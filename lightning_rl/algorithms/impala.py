@@ -17,8 +17,8 @@ from lightning_rl.algorithms.base import (
     check_positive,
     resolve_schedule,
 )
-from lightning_rl.batch import MultiAgentBatch, SampleBatch
-from lightning_rl.data.async_sampling import BOOTSTRAP, BOOTSTRAP_OBS, VALID, AsyncSamplingDataModule
+from lightning_rl.batch import BOOTSTRAP, MultiAgentBatch, SampleBatch
+from lightning_rl.data.async_sampling import AsyncSamplingDataModule
 from lightning_rl.data.envs import EnvSpec
 from lightning_rl.functional import explained_variance, masked_mean, vtrace
 from lightning_rl.learner_info import LEARNER_STATS_KEY, LearnerInfoBuilder
@@ -231,11 +231,11 @@ class IMPALA(RLModule):
             dist, values_all = call(policy, params, steps(SampleBatch.OBS), batch[STATE_IN][0], steps(EPISODE_STARTS),
                                     steps(PREV_ACTIONS), steps(PREV_REWARDS), detach_every=self.max_seq_len)
         else:
-            obs = torch.cat([batch[SampleBatch.OBS].flatten(0, 1), batch[BOOTSTRAP_OBS]])
+            obs = torch.cat([batch[SampleBatch.OBS].flatten(0, 1), batch[SampleBatch.BOOTSTRAP_OBS]])
             dist, values_all = call(policy, params, obs)
         # the bootstrap rows' actions are dummies (their log-probs are cut off)
         logp = dist.log_prob(torch.cat([actions.flatten(0, 1), actions[0]]))[:n].reshape(T, B)
-        mask = batch[VALID].flatten().to(values_all.dtype)  # reset rows of next-step autoreset count 0
+        mask = batch[SampleBatch.VALID].flatten().to(values_all.dtype)  # reset rows of next-step autoreset count 0
         return dist, logp, values_all[:n].reshape(T, B), values_all[n:], mask
 
     def vtrace_targets(
@@ -245,7 +245,7 @@ class IMPALA(RLModule):
         (targets: no gradient flows through them). On reset rows, whose actions the env ignored,
         the ratio is set to 1: an unbounded one there would turn the masked loss into ``inf * 0``."""
         target_logp = target_logp.detach()
-        behaviour_logp = torch.where(batch[VALID], batch[SampleBatch.ACTION_LOGP], target_logp)
+        behaviour_logp = torch.where(batch[SampleBatch.VALID], batch[SampleBatch.ACTION_LOGP], target_logp)
         return vtrace(
             behaviour_logp, target_logp, batch[SampleBatch.REWARDS], values.detach(),
             bootstrap_value.detach(), batch[SampleBatch.TERMINATEDS], batch[SampleBatch.TRUNCATEDS],
@@ -256,7 +256,7 @@ class IMPALA(RLModule):
     def loss_stats(self, batch: SampleBatch, mask: Tensor, logp: Tensor, values: Tensor, vs: Tensor,
                    **terms: Tensor) -> dict[str, Tensor]:
         """The loss terms, value-function fit and behaviour-to-current ratios, detached."""
-        rho = torch.exp(torch.where(batch[VALID], logp - batch[SampleBatch.ACTION_LOGP], 0.0)).flatten()
+        rho = torch.exp(torch.where(batch[SampleBatch.VALID], logp - batch[SampleBatch.ACTION_LOGP], 0.0)).flatten()
         return {
             **{name: term.detach() for name, term in terms.items()},
             "vf_explained_var": explained_variance(values.flatten(), vs.flatten(), mask),
@@ -280,17 +280,18 @@ class IMPALA(RLModule):
                 self.counters["num_grad_updates"] += 1
                 builder.add_learn_on_batch_results({LEARNER_STATS_KEY: {**stats, "cur_lr": lr}}, policy_id)
             # rows trained: every env step (reset rows too), or multi-agent the agents' steps
-            trained += int(policy_batch[VALID].sum() if self.multi_agent else policy_batch[VALID].numel())
+            valid = policy_batch[SampleBatch.VALID]
+            trained += int(valid.sum() if self.multi_agent else valid.numel())
         return trained
 
     def env_column_minibatches(self, batch: SampleBatch) -> list[SampleBatch]:
         """The batch's env columns shuffled and cut into minibatches of ``sgd_minibatch_size`` env
         steps (whole columns: V-trace runs along time); the whole batch without a size."""
-        B = batch[VALID].shape[1]
+        B = batch[SampleBatch.VALID].shape[1]
         if self.sgd_minibatch_size is None:
             return [batch]
-        columns = self.sgd_minibatch_size // batch[VALID].shape[0]
-        order = torch.randperm(B, generator=self.shuffle_generator).to(batch[VALID].device)
+        columns = self.sgd_minibatch_size // batch[SampleBatch.VALID].shape[0]
+        order = torch.randperm(B, generator=self.shuffle_generator).to(batch[SampleBatch.VALID].device)
         return [SampleBatch({k: v[:, cols] if v.dim() > 1 and not k.startswith(BOOTSTRAP) else v[cols]
                              for k, v in batch.items()}) for cols in order.split(columns)]
 

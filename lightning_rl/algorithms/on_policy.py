@@ -17,13 +17,14 @@ from lightning_rl.algorithms.base import (
     check_positive,
     resolve_schedule,
 )
-from lightning_rl.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
+from lightning_rl.batch import BOOTSTRAP, DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
+from lightning_rl.data.base import eval_mode
 from lightning_rl.data.envs import EnvSpec
-from lightning_rl.data.multi_agent import MultiAgentRolloutDataModule
+from lightning_rl.data.multi_agent import BOOTSTRAP_MASK, SEGMENT_LENGTHS, MultiAgentRolloutDataModule
 from lightning_rl.data.rollout import DISCOUNTED_RETURNS, RolloutDataModule
 from lightning_rl.data.spaces import valid_point
 from lightning_rl.distributed import all_reduce_max, sum_over_ranks
-from lightning_rl.functional import gae_batch, gae_sequences, moments, standardized
+from lightning_rl.functional import gae, gae_batch, gae_sequences, moments, standardized
 from lightning_rl.learner_info import LEARNER_STATS_KEY, LearnerInfoBuilder
 from lightning_rl.nn.encoders import Activation, EncoderSpec
 from lightning_rl.nn.models import ActorCritic, preprocess_obs
@@ -177,21 +178,51 @@ class OnPolicyModule(RLModule):
 
     # ------------------------------------------------------------ post-processing
     @torch.no_grad()
-    def postprocess_rollout(
-        self, policy_id: str, rollout: SampleBatch, last_obs: Tensor, valid: Tensor, **inputs: Tensor
-    ) -> SampleBatch:
-        """Turn a time-major ``[T, N]`` rollout into a training batch: GAE advantages and value
-        targets, then the reset steps of next-step autoreset dropped (``valid``); a recurrent
-        policy's rows are cut into ``max_seq_len`` sequences instead, the reset steps masked
-        (``inputs``: its state etc. after the last step, for the bootstrap value)."""
-        device = rollout[SampleBatch.OBS].device
-        policy = self.sampling_policy(policy_id, device)
+    def postprocess(self, batch: MultiAgentBatch) -> MultiAgentBatch:
+        """GAE advantages and value targets for each policy's rows, from what the sampler gave:
+        a time-major fragment (``postprocess_fragment``) or, multi-agent, each agent's
+        trajectory segments (``postprocess_segments``). In place: callbacks after the step see
+        the rows trained on. Values are read in eval mode, as they were sampled."""
+        post = self.postprocess_segments if self.multi_agent else self.postprocess_fragment
+        for policy_id, rows in batch.policy_batches.items():
+            with eval_mode(self.policies[policy_id]):
+                batch.policy_batches[policy_id] = post(policy_id, rows)
+        return batch
+
+    def postprocess_fragment(self, policy_id: str, fragment: SampleBatch) -> SampleBatch:
+        """A time-major ``[T, N]`` fragment (``RolloutDataModule.fragment``) as a training batch:
+        GAE from the value of ``bootstrap_obs`` (a recurrent policy's from its ``bootstrap_*``
+        inputs), then the reset steps of next-step autoreset (``valid`` False) dropped; a
+        recurrent policy's rows are cut into ``max_seq_len`` sequences instead, reset steps masked."""
+        policy = self.policies[policy_id]
+        rollout = dict(fragment)
+        valid, last_obs = rollout.pop(SampleBatch.VALID), rollout.pop(SampleBatch.BOOTSTRAP_OBS)
+        inputs = {k[len(BOOTSTRAP):]: rollout.pop(k) for k in [k for k in rollout if k.startswith(BOOTSTRAP)]}
         if policy.return_rms is not None:  # normalize_rewards: scaled by the std of the discounted return
             rollout[SampleBatch.REWARDS] = policy.return_rms.scale_only(rollout[SampleBatch.REWARDS]).float()
-        bootstrap = policy.value(last_obs.to(device), **{k: v.to(device) for k, v in inputs.items()})
+        bootstrap = policy.value(last_obs, **inputs)
         if self.max_seq_len is None:
             return SampleBatch(gae_batch(rollout, bootstrap, valid, self.gamma, self.lambda_))
         return SampleBatch(gae_sequences(rollout, bootstrap, valid, self.gamma, self.lambda_, self.max_seq_len))
+
+    def postprocess_segments(self, policy_id: str, segments: SampleBatch) -> SampleBatch:
+        """A policy's multi-agent rows (``MultiAgentRolloutDataModule``): each agent's trajectory
+        segments one after another, ``segment_lengths [S]`` long, with GAE along each from the
+        value of its ``bootstrap_obs`` where ``bootstrap_mask`` (the segment was cut, not ended)."""
+        rows = dict(segments)
+        lengths = rows.pop(SEGMENT_LENGTHS).tolist()
+        last_obs, cut = rows.pop(SampleBatch.BOOTSTRAP_OBS), rows.pop(BOOTSTRAP_MASK)
+        bootstrap = torch.where(cut, self.policies[policy_id].value(last_obs), 0.0)
+        advantages, targets = [], []
+        for (start, length), value in zip(_spans(lengths), bootstrap):
+            seg = slice(start, start + length)
+            adv, tgt = gae(rows[SampleBatch.REWARDS][seg, None], rows[SampleBatch.VF_PREDS][seg, None].float(),
+                           value.reshape(1), rows[SampleBatch.TERMINATEDS][seg, None],
+                           torch.zeros(length, 1, dtype=torch.bool, device=value.device), self.gamma, self.lambda_)
+            advantages.append(adv[:, 0])
+            targets.append(tgt[:, 0])
+        rows[SampleBatch.ADVANTAGES], rows[SampleBatch.VALUE_TARGETS] = torch.cat(advantages), torch.cat(targets)
+        return SampleBatch(rows)
 
     def policy_forward(self, policy_id: str, batch: SampleBatch, params: dict[str, Tensor] | None) -> tuple:
         """``(action distribution, values)`` over a minibatch's rows. A recurrent policy's rows
@@ -379,3 +410,11 @@ class OnPolicyModule(RLModule):
                 stats = step(minibatch, scalars)
                 self.counters["num_grad_updates"] += 1
                 builder.add_learn_on_batch_results({LEARNER_STATS_KEY: {**stats, "cur_lr": lr}}, policy_id)
+
+
+def _spans(lengths: list[int]) -> list[tuple[int, int]]:
+    """``(start, length)`` of consecutive segments of the given lengths."""
+    starts = [0]
+    for length in lengths[:-1]:
+        starts.append(starts[-1] + length)
+    return list(zip(starts, lengths))

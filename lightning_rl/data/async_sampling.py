@@ -54,7 +54,7 @@ import torch
 import torch.multiprocessing as mp
 from torch import nn
 
-from lightning_rl.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
+from lightning_rl.batch import BOOTSTRAP, DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
 from lightning_rl.data.base import EnvDataModule, policy_state, rank_seed
 from lightning_rl.data.envs import EnvSpec, close_vector_env, describe_exit_code, make_vector_env, stop_processes
 from lightning_rl.data.multi_agent_fragments import MultiAgentFragmentSampler, split_policy_columns
@@ -63,10 +63,8 @@ from lightning_rl.nn.recurrent import EPISODE_STARTS, PREV_ACTIONS, PREV_REWARDS
 
 __all__ = ["AsyncSamplingDataModule", "MinibatchBuffer"]
 
-BOOTSTRAP = "bootstrap_"  # what is read after the fragment: the observation, a recurrent policy's inputs
-BOOTSTRAP_OBS = BOOTSTRAP + "obs"
+BOOTSTRAP_OBS, VALID = SampleBatch.BOOTSTRAP_OBS, SampleBatch.VALID
 POLICY_VERSION = "policy_version"
-VALID = "valid"
 _POLL_S = 0.05  # how often a blocked learner or worker looks at the world (stop, deaths)
 
 
@@ -210,12 +208,12 @@ def _sample_fragment(sampler: Any, task: FragmentTask, policy: nn.Module,
     if isinstance(sampler, MultiAgentFragmentSampler):
         tensors, agent_steps = sampler.fragment()
         return tensors, {"agent_steps": agent_steps}
-    with torch.inference_mode():
-        rollout, valid = sampler.rollout_fragment(policy_id)
-    rollout = {k: v.clone() for k, v in rollout.items()}  # ordinary tensors, not inference ones
-    tensors, extra = task.make(policy, rollout, valid.clone(), torch.tensor(sampler._obs))
+    fragment = sampler.fragment(policy_id)
+    valid, bootstrap_obs = fragment.pop(VALID), fragment.pop(BOOTSTRAP_OBS)
     # a recurrent policy's inputs after the fragment: where its bootstrap step starts
-    tensors.update({BOOTSTRAP + k: v for k, v in sampler.recurrent_inputs().items()})
+    inputs = {k: fragment.pop(k) for k in [k for k in fragment if k.startswith(BOOTSTRAP)]}
+    tensors, extra = task.make(policy, dict(fragment), valid, bootstrap_obs)
+    tensors.update(inputs)
     return tensors, extra
 
 

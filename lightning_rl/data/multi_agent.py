@@ -24,7 +24,6 @@ from lightning_rl.batch import MultiAgentBatch, SampleBatch
 from lightning_rl.checkpoint import pack_rank_states, unpack_rank_state
 from lightning_rl.data.base import EnvDataModule, rank_seed
 from lightning_rl.data.env_state import UnsupportedEnvState, capture_env_state, restore_env_state
-from lightning_rl.functional import gae
 
 __all__ = [
     "MultiAgentEnvDataModule",
@@ -34,6 +33,9 @@ __all__ = [
     "make_parallel_env",
     "policy_spaces",
 ]
+
+SEGMENT_LENGTHS = "segment_lengths"  # [S]: rows of each agent's trajectory segment in a policy's batch
+BOOTSTRAP_MASK = SampleBatch.BOOTSTRAP_OBS.replace("obs", "mask")  # [S]: the segment bootstraps from its obs
 
 
 def _pettingzoo() -> Any:
@@ -367,7 +369,8 @@ class MultiAgentRolloutDataModule(MultiAgentEnvDataModule):
 
     # ------------------------------------------------------------ sampling
     def sample(self) -> MultiAgentBatch:
-        """One fragment of every env, as one post-processed batch per policy."""
+        """One fragment of every env: each policy's trajectory segments (``_segments_by_policy``),
+        post-processed by the algorithm in its training step."""
         assert self.module is not None and self.par_envs, "call setup() first"
         start = time.perf_counter()
         self._segments = []
@@ -382,7 +385,7 @@ class MultiAgentRolloutDataModule(MultiAgentEnvDataModule):
             if trajectory.rows:
                 self._segments.append((trajectory.policy_id, trajectory.rows, self._obs[i][agent], True))
         self._trajectories = {}
-        batches = self._postprocess(self._segments)
+        batches = self._segments_by_policy(self._segments)
         self._segments = []
         info = {**self.episode_info(), "agent_steps_sampled": agent_steps,
                 "sample_time_s": time.perf_counter() - start}
@@ -404,27 +407,26 @@ class MultiAgentRolloutDataModule(MultiAgentEnvDataModule):
         trajectory = self._trajectories.pop((i, agent))
         self._segments.append((policy_id, trajectory.rows, self._obs[i].get(agent), True))
 
-    @torch.no_grad()
-    def _postprocess(self, segments: list) -> dict[str, SampleBatch]:
-        """GAE along each segment; rows grouped by policy (segment order)."""
-        module = self.module
-        gamma, lambda_ = module.gamma, module.lambda_
+    @staticmethod
+    def _segments_by_policy(segments: list) -> dict[str, SampleBatch]:
+        """Each policy's segments, rows one after another (segment order), with the ``[S]``
+        columns the learner's GAE reads (``OnPolicyModule.postprocess_segments``):
+        ``segment_lengths``, ``bootstrap_obs`` (a valid observation where there is none to
+        bootstrap from) and ``bootstrap_mask`` (the segment was cut and its observation is known)."""
         by_policy: dict[str, list[dict[str, torch.Tensor]]] = {}
+        ends: dict[str, list[tuple[int, torch.Tensor, bool]]] = {}
         for pid, rows, bootstrap_obs, cut in segments:
             cols = {k: torch.stack([torch.as_tensor(r[k]) for r in rows]) for k in rows[0]}
             cols[SampleBatch.REWARDS] = cols[SampleBatch.REWARDS].float()
-            if cut and bootstrap_obs is not None:
-                policy = module.sampling_policy(pid, self.sampling_device)
-                bootstrap = policy.value(torch.as_tensor(np.asarray(bootstrap_obs))[None].to(self.sampling_device))
-                bootstrap = bootstrap.cpu().reshape(1)
-            else:
-                bootstrap = torch.zeros(1)
-            advantages, targets = gae(
-                cols[SampleBatch.REWARDS][:, None], cols[SampleBatch.VF_PREDS][:, None].float(), bootstrap,
-                cols[SampleBatch.TERMINATEDS][:, None], torch.zeros(len(rows), 1, dtype=torch.bool), gamma, lambda_,
-            )
-            cols[SampleBatch.ADVANTAGES] = advantages[:, 0]
-            cols[SampleBatch.VALUE_TARGETS] = targets[:, 0]
+            last = cols[SampleBatch.OBS][-1] if bootstrap_obs is None else torch.as_tensor(np.asarray(bootstrap_obs))
             by_policy.setdefault(pid, []).append(cols)
-        return {pid: SampleBatch({k: torch.cat([c[k] for c in parts]) for k in parts[0]})
-                for pid, parts in sorted(by_policy.items())}
+            ends.setdefault(pid, []).append((len(rows), last, bool(cut and bootstrap_obs is not None)))
+        batches = {}
+        for pid, parts in sorted(by_policy.items()):
+            batch = SampleBatch({k: torch.cat([c[k] for c in parts]) for k in parts[0]})
+            batch[SEGMENT_LENGTHS] = torch.tensor([n for n, _, _ in ends[pid]], dtype=torch.int64)
+            batch[SampleBatch.BOOTSTRAP_OBS] = torch.stack([obs.to(batch[SampleBatch.OBS].dtype)
+                                                            for _, obs, _ in ends[pid]])
+            batch[BOOTSTRAP_MASK] = torch.tensor([cut for _, _, cut in ends[pid]], dtype=torch.bool)
+            batches[pid] = batch
+        return batches

@@ -23,7 +23,7 @@ from lightning_rl.data.spaces import valid_point
 
 __all__ = ["MultiAgentFragmentSampler", "split_policy_columns"]
 
-VALID, BOOTSTRAP_OBS = "valid", "bootstrap_obs"  # as data/async_sampling.py names them
+VALID, BOOTSTRAP_OBS = SampleBatch.VALID, SampleBatch.BOOTSTRAP_OBS
 
 
 def split_policy_columns(tensors: dict[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:

@@ -9,7 +9,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from lightning_rl.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
+from lightning_rl.batch import BOOTSTRAP, DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
 from lightning_rl.data.base import EnvDataModule, rank_seed
 from lightning_rl.data.envs import EnvSpec
 from lightning_rl.functional import discounted_returns
@@ -23,9 +23,9 @@ DISCOUNTED_RETURNS = "discounted_returns"
 class RolloutDataModule(EnvDataModule):
     """Steps ``num_envs`` gymnasium envs for ``rollout_fragment_length`` steps per iteration.
 
-    Each Lightning training step receives one ``MultiAgentBatch``: the rollout, already
-    post-processed by the algorithm (``module.postprocess_rollout``, e.g. GAE), with the
-    reset steps of gymnasium's next-step autoreset dropped. ``batch.env_steps`` counts
+    Each Lightning training step receives one ``MultiAgentBatch`` holding one time-major
+    fragment (``fragment``); the algorithm post-processes it in its training step (GAE,
+    dropping the reset steps of gymnasium's next-step autoreset). ``batch.env_steps`` counts
     every env step taken (``num_envs * rollout_fragment_length``).
 
     ``return_discount``: also record each env's running discounted return after every step
@@ -56,23 +56,33 @@ class RolloutDataModule(EnvDataModule):
         return self.num_envs * self.rollout_fragment_length
 
     def sample(self, policy_id: str = DEFAULT_POLICY_ID) -> MultiAgentBatch:
-        """One rollout of ``rollout_fragment_length`` steps, post-processed by the module."""
+        """One fragment of every env (``fragment``); the algorithm post-processes it (GAE) in its
+        training step."""
         assert self.module is not None and self.envs is not None, "call setup() first"
         start = time.perf_counter()
-        with torch.inference_mode():
-            rollout, valid = self.rollout_fragment(policy_id)
-        # Outside inference mode: the batch's tensors become ordinary ones autograd may save.
-        rollout = SampleBatch({k: v.clone() for k, v in rollout.items()})
+        fragment = self.fragment(policy_id)
         if self.return_discount is not None:
-            dones = rollout[SampleBatch.TERMINATEDS] | rollout[SampleBatch.TRUNCATEDS]
-            rollout[DISCOUNTED_RETURNS], self._returns = discounted_returns(
-                rollout[SampleBatch.REWARDS], dones, valid, self._returns, self.return_discount)
-        with torch.no_grad():
-            batch = self.module.postprocess_rollout(policy_id, rollout, torch.tensor(self._obs), valid,
-                                                    **self.recurrent_inputs())
+            dones = fragment[SampleBatch.TERMINATEDS] | fragment[SampleBatch.TRUNCATEDS]
+            fragment[DISCOUNTED_RETURNS], self._returns = discounted_returns(
+                fragment[SampleBatch.REWARDS], dones, fragment[SampleBatch.VALID], self._returns, self.return_discount)
         info = self.episode_info()
         info["sample_time_s"] = time.perf_counter() - start
-        return MultiAgentBatch({policy_id: batch}, env_steps=self.train_batch_size, info=info)
+        return MultiAgentBatch({policy_id: fragment}, env_steps=self.train_batch_size, info=info)
+
+    def fragment(self, policy_id: str = DEFAULT_POLICY_ID) -> SampleBatch:
+        """The next ``rollout_fragment_length`` steps of every env as a time-major fragment:
+        ``[T, N]`` columns (``rollout_fragment``) with ``valid``, and ``[N]`` ones the learner
+        bootstraps from: ``bootstrap_obs`` (the observation after the last step) and, for a
+        recurrent policy, ``bootstrap_<input>`` (its state etc. there)."""
+        with torch.inference_mode():
+            rollout, valid = self.rollout_fragment(policy_id)
+        # Outside inference mode: the fragment's tensors become ordinary ones autograd may save.
+        fragment = SampleBatch({k: v.clone() for k, v in rollout.items()})
+        fragment[SampleBatch.VALID] = valid.clone()
+        fragment[SampleBatch.BOOTSTRAP_OBS] = torch.tensor(self._obs)
+        for key, value in self.recurrent_inputs().items():
+            fragment[BOOTSTRAP + key] = value.clone()
+        return fragment
 
     def rollout_fragment(self, policy_id: str) -> tuple[SampleBatch, torch.Tensor]:
         """Time-major ``[T, N]`` columns of one fragment (call under ``torch.inference_mode``) and
