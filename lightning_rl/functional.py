@@ -85,6 +85,23 @@ def gae_sequences(rollout: dict[str, Tensor], bootstrap_value: Tensor, valid: Te
     return out
 
 
+def gae_segments(rewards: Tensor, values: Tensor, terminateds: Tensor, lengths: Sequence[int],
+                 bootstrap_value: Tensor, gamma: float, lambda_: float) -> tuple[Tensor, Tensor]:
+    """``(advantages, value_targets)`` ``[R]`` of ``[R]`` rows that are ``len(lengths)`` trajectory
+    segments one after another (an agent's steps in a multi-agent env), each segment's GAE
+    bootstrapping from its entry of ``bootstrap_value [S]`` (0 where it ended terminally)."""
+    advantages, targets = [], []
+    start = 0
+    for length, value in zip(lengths, bootstrap_value):
+        seg = slice(start, start + length)
+        adv, tgt = gae(rewards[seg, None], values[seg, None], value.reshape(1), terminateds[seg, None],
+                       torch.zeros(length, 1, dtype=torch.bool, device=rewards.device), gamma, lambda_)
+        advantages.append(adv[:, 0])
+        targets.append(tgt[:, 0])
+        start += length
+    return torch.cat(advantages), torch.cat(targets)
+
+
 def standardized(x: Tensor, eps: float = 1e-4, moments: Tensor | None = None) -> Tensor:
     """``(x - mean) / max(eps, std)`` over all elements of ``x`` (any shape).
 

@@ -24,7 +24,7 @@ from lightning_rl.data.multi_agent import BOOTSTRAP_MASK, SEGMENT_LENGTHS, Multi
 from lightning_rl.data.rollout import DISCOUNTED_RETURNS, RolloutDataModule
 from lightning_rl.data.spaces import valid_point
 from lightning_rl.distributed import all_reduce_max, sum_over_ranks
-from lightning_rl.functional import gae, gae_batch, gae_sequences, moments, standardized
+from lightning_rl.functional import gae_batch, gae_segments, gae_sequences, moments, standardized
 from lightning_rl.learner_info import LEARNER_STATS_KEY, LearnerInfoBuilder
 from lightning_rl.nn.encoders import Activation, EncoderSpec
 from lightning_rl.nn.models import ActorCritic, preprocess_obs
@@ -213,15 +213,9 @@ class OnPolicyModule(RLModule):
         lengths = rows.pop(SEGMENT_LENGTHS).tolist()
         last_obs, cut = rows.pop(SampleBatch.BOOTSTRAP_OBS), rows.pop(BOOTSTRAP_MASK)
         bootstrap = torch.where(cut, self.policies[policy_id].value(last_obs), 0.0)
-        advantages, targets = [], []
-        for (start, length), value in zip(_spans(lengths), bootstrap):
-            seg = slice(start, start + length)
-            adv, tgt = gae(rows[SampleBatch.REWARDS][seg, None], rows[SampleBatch.VF_PREDS][seg, None].float(),
-                           value.reshape(1), rows[SampleBatch.TERMINATEDS][seg, None],
-                           torch.zeros(length, 1, dtype=torch.bool, device=value.device), self.gamma, self.lambda_)
-            advantages.append(adv[:, 0])
-            targets.append(tgt[:, 0])
-        rows[SampleBatch.ADVANTAGES], rows[SampleBatch.VALUE_TARGETS] = torch.cat(advantages), torch.cat(targets)
+        rows[SampleBatch.ADVANTAGES], rows[SampleBatch.VALUE_TARGETS] = gae_segments(
+            rows[SampleBatch.REWARDS], rows[SampleBatch.VF_PREDS].float(), rows[SampleBatch.TERMINATEDS], lengths,
+            bootstrap, self.gamma, self.lambda_)
         return SampleBatch(rows)
 
     def policy_forward(self, policy_id: str, batch: SampleBatch, params: dict[str, Tensor] | None) -> tuple:
@@ -411,10 +405,3 @@ class OnPolicyModule(RLModule):
                 self.counters["num_grad_updates"] += 1
                 builder.add_learn_on_batch_results({LEARNER_STATS_KEY: {**stats, "cur_lr": lr}}, policy_id)
 
-
-def _spans(lengths: list[int]) -> list[tuple[int, int]]:
-    """``(start, length)`` of consecutive segments of the given lengths."""
-    starts = [0]
-    for length in lengths[:-1]:
-        starts.append(starts[-1] + length)
-    return list(zip(starts, lengths))
