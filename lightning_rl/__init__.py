@@ -1,6 +1,6 @@
 """lightning_rl: reinforcement learning as PyTorch Lightning modules and data modules."""
 
-from lightning_rl.algorithms import A2C, A3C, APEX, APPO, DQN, IMPALA, PPO, SAC, RLModule
+from lightning_rl.algorithms import A2C, A3C, APEX, APPO, DQN, IMPALA, PPO, SAC, Algorithm, RLModule
 from lightning_rl.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
 from lightning_rl.callbacks import LearnerInfoCallback, RolloutMetricsCallback
 from lightning_rl.data import AsyncSamplingDataModule, ReplayDataModule, RolloutDataModule
@@ -19,6 +19,7 @@ __all__ = [
     "IMPALA",
     "PPO",
     "SAC",
+    "Algorithm",
     "AsyncSamplingDataModule",
     "LearnerInfoBuilder",
     "LearnerInfoCallback",

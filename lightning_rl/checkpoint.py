@@ -28,7 +28,7 @@ from pytorch_lightning.trainer.states import TrainerFn
 from lightning_rl.distributed import gather_to_rank_zero
 
 if TYPE_CHECKING:
-    from lightning_rl.algorithms.base import RLModule
+    from lightning_rl.algorithms.base import Algorithm
 
 
 class CheckpointError(ValueError):
@@ -83,17 +83,17 @@ def class_path(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-_DEFINED: weakref.WeakValueDictionary[str, type[RLModule]] = weakref.WeakValueDictionary()
+_DEFINED: weakref.WeakValueDictionary[str, type[Algorithm]] = weakref.WeakValueDictionary()
 
 
-def register_algorithm(cls: type[RLModule]) -> None:
-    """Record ``cls`` under ``module.QualName``: ``RLModule.__init_subclass__`` calls it for every
+def register_algorithm(cls: type[Algorithm]) -> None:
+    """Record ``cls`` under ``module.QualName``: ``Algorithm.__init_subclass__`` calls it for every
     subclass as it is defined (a later class of the same path replaces the earlier one)."""
     _DEFINED[class_path(cls)] = cls
 
 
-def algorithm_registry() -> dict[str, type[RLModule]]:
-    """Every ``RLModule`` subclass defined in this process (and still alive), by ``module.QualName``.
+def algorithm_registry() -> dict[str, type[Algorithm]]:
+    """Every ``Algorithm`` subclass defined in this process (and still alive), by ``module.QualName``.
 
     Classes get here by being defined (imported by the user's own code), never because a
     checkpoint names them."""
@@ -113,7 +113,7 @@ def algorithm_path(checkpoint: dict[str, Any]) -> str | None:
     return checkpoint.get("lightning_rl", {}).get("algorithm")
 
 
-def resolve_algorithm(name: str) -> type[RLModule]:
+def resolve_algorithm(name: str) -> type[Algorithm]:
     """The algorithm class for ``name`` — ``module.QualName`` or a unique class name like
     ``"PPO"`` — among the classes defined in this process."""
     registry = algorithm_registry()
@@ -139,7 +139,7 @@ def base_algorithm_path(checkpoint: dict[str, Any]) -> str | None:
     return checkpoint.get("lightning_rl", {}).get("base_algorithm")
 
 
-def algorithm_class(checkpoint: dict[str, Any]) -> type[RLModule] | None:
+def algorithm_class(checkpoint: dict[str, Any]) -> type[Algorithm] | None:
     """The algorithm class that wrote the checkpoint, from the registry (``None`` if unrecorded).
 
     A subclass not defined in this process (one defined in a training script's ``__main__``,
@@ -300,3 +300,46 @@ def unpack_rank_state(
             stacklevel=2,
         )
     return None
+
+
+# ----------------------------------------------------------------------------- an algorithm's state
+def algorithm_state(module: Algorithm, interrupted: bool) -> dict[str, Any]:
+    """``checkpoint["lightning_rl"]``: plain values and tensors only, so the file loads with
+    ``weights_only=True``. What differs between DDP ranks (counters, RNG, the default
+    DataModule's envs and replay) is gathered per rank (a DataModule given to the Trainer
+    gathers its own)."""
+    local = {
+        "counters": dict(module.counters),
+        "shuffle_generator": module.shuffle_generator.get_state(),
+        "learner_generator": module.learner_generator.get_state(),
+        "learner_generator_device": module.learner_generator.device.type,
+        "torch_rng": torch.get_rng_state(),
+    }
+    dm = module.default_datamodule
+    return {
+        "algorithm": class_path(type(module)),
+        "base_algorithm": class_path(builtin_algorithm(type(module))),
+        "global_counters": dict(module.global_counters),
+        "ranks": pack_rank_states(local, interrupted),
+        "datamodule": dm.state_dict() if dm is not None else None,
+        **module.extra_state(),
+    }
+
+
+def restore_algorithm_state(module: Algorithm, state: dict[str, Any], rank: int, world_size: int,
+                            fitting: bool) -> dict[str, Any] | None:
+    """Undo ``algorithm_state``: this rank's counters and RNG (an even share of the global
+    counters under another world size). Returns the default DataModule's state, which waits
+    for the DataModule's setup."""
+    module.global_counters.update(state.get("global_counters", {}))
+    mine = unpack_rank_state(state.get("ranks"), rank, world_size, "counters and RNG", warn=fitting)
+    if mine is not None:
+        module.counters.update(mine["counters"])
+        module.shuffle_generator.set_state(mine["shuffle_generator"])
+        if mine.get("learner_generator_device") == module.learner_generator.device.type:  # same kind of device
+            module.learner_generator.set_state(mine["learner_generator"])
+        torch.set_rng_state(mine["torch_rng"])
+    else:
+        module.counters.update({k: v // world_size for k, v in module.global_counters.items()})
+    module.load_extra_state(state)
+    return state.get("datamodule")

@@ -33,7 +33,7 @@ from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
 from pytorch_lightning.loggers import CSVLogger
 
 import lightning_rl  # defines every algorithm, so --model PPO and checkpoints resolve
-from lightning_rl.algorithms.base import RLModule
+from lightning_rl.algorithms.base import Algorithm
 from lightning_rl.checkpoint import (
     CheckpointError,
     algorithm_class,
@@ -242,7 +242,7 @@ class RLCLI(LightningCLI):
             if cause is None:
                 raise
             self.parser.error(str(cause))
-        if self.subcommand == "fit" and isinstance(self.model, RLModule):
+        if self.subcommand == "fit" and isinstance(self.model, Algorithm):
             # Ctrl-C / SIGTERM: the message gives the command that resumes the run. Through the module
             # (its InterruptCheckpoint): one in the Trainer's callbacks at the start of fit would make
             # Lightning resume from "last" and replace the default ModelCheckpoint.
@@ -300,7 +300,7 @@ def summarize_parse_error(message: str) -> str:
     class_match = re.search(r"Problem with given class_path '([^']+)'", message)
     cls = _import_class(class_match.group(1)) if class_match else None
     no_model = re.search(r"arguments are required: (\w+\.)?model\b", message)
-    if no_model or (cls is not None and cls.__name__ not in algorithm_names()):  # RLModule, OnPolicyModule ...
+    if no_model or (cls is not None and cls.__name__ not in algorithm_names()):  # Algorithm, OnPolicyModule ...
         return f"no algorithm chosen: add --model NAME (one of {', '.join(algorithm_names())})"
     unknown = re.search(r"(?:Option|Key) '([^']+)' is not (?:accepted|expected)", message)
     if cls is not None and unknown:
@@ -331,10 +331,10 @@ def _type_name(text: str) -> str:
 
 
 def cli(args: list[str] | None = None, run: bool = True, **kwargs: Any) -> LightningCLI:
-    """Lightning's CLI with any ``RLModule`` subclass as the model (``--model PPO``)."""
+    """Lightning's CLI with any ``Algorithm`` subclass as the model (``--model PPO``)."""
     names = ", ".join(algorithm_names())
     return RLCLI(
-        RLModule,
+        Algorithm,
         subclass_mode_model=True,
         auto_configure_optimizers=False,  # each algorithm configures its own optimizers
         # Lightning's default (True) seeds 0 too, with a "No seed found" warning.

@@ -43,6 +43,15 @@ def sum_over_ranks(tensor: Tensor) -> Tensor:
     return total
 
 
+def mean_over_ranks(value: float, device: torch.device) -> float:
+    """``value`` averaged over ranks (itself in one process): for what is adapted from learner
+    info (PPO's KL coefficient), so every rank adapts identically."""
+    size = world_size()
+    if size == 1:
+        return value
+    return float(sum_over_ranks(torch.tensor([value], dtype=torch.float64, device=device)).item()) / size
+
+
 def all_reduce_max(tensor: Tensor) -> Tensor:
     """Elementwise maximum of ``tensor`` over ranks (itself in one process)."""
     if world_size() == 1:

@@ -78,3 +78,17 @@ def evaluate_multi_agent(
     finally:
         made.close()
     return returns
+
+
+def log_evaluation(module: Any, prefix: str, seed_offset: int) -> None:
+    """An algorithm's validation or test step: ``evaluation_num_episodes`` greedy episodes
+    seeded ``seed + seed_offset + 1000 * rank``, logged as ``<prefix>/episode_return_mean``
+    (``_min``, ``_max``) at the global env-step count."""
+    seed = None if module.seed is None else module.seed + seed_offset + 1000 * module.global_rank
+    returns = evaluate(module, module.env_spec, module.evaluation_num_episodes, seed=seed,
+                       vectorization=getattr(module.default_datamodule, "vectorization", "auto"))
+    sync = module.trainer.world_size > 1
+    for stat, fn, reduce in (("mean", np.mean, "mean"), ("min", np.min, "min"), ("max", np.max, "max")):
+        module.log(f"{prefix}/episode_return_{stat}", float(fn(returns)), sync_dist=sync, reduce_fx=reduce,
+                   batch_size=1, prog_bar=stat == "mean")
+    module.log("step", float(module.global_counters["num_env_steps_sampled"]), batch_size=1)

@@ -1,6 +1,6 @@
 """Inference outside Lightning: Stable-Baselines3's ``predict`` and a TorchScript export.
 
-Both go through ``RLModule.compute_actions``, the one action path that samplers,
+Both go through ``Algorithm.compute_actions``, the one action path that samplers,
 evaluation and users share.
 """
 
@@ -17,11 +17,11 @@ from torch import Tensor, nn
 from lightning_rl.batch import DEFAULT_POLICY_ID
 
 if TYPE_CHECKING:
-    from lightning_rl.algorithms.base import RLModule
+    from lightning_rl.algorithms.base import Algorithm
 
 
 def predict(
-    module: RLModule,
+    module: Algorithm,
     obs: np.ndarray | Tensor,
     state: Any = None,
     episode_start: np.ndarray | None = None,
@@ -56,7 +56,7 @@ class Acting:
     then ``observe(rewards, dones)`` after each step. A recurrent policy's state, previous
     action and reward are carried from step to step and reset where an episode ended."""
 
-    def __init__(self, module: RLModule, policy_id: str = DEFAULT_POLICY_ID, explore: bool = False) -> None:
+    def __init__(self, module: Algorithm, policy_id: str = DEFAULT_POLICY_ID, explore: bool = False) -> None:
         self.module, self.policy_id, self.explore = module, policy_id, explore
         self.recurrent = module.is_recurrent(policy_id)
         self.state: np.ndarray | None = None
@@ -97,7 +97,7 @@ class _GreedyPolicy(nn.Module):
 
 
 def export_policy(
-    module: RLModule, path: str | os.PathLike[str], policy_id: str = DEFAULT_POLICY_ID
+    module: Algorithm, path: str | os.PathLike[str], policy_id: str = DEFAULT_POLICY_ID
 ) -> torch.jit.ScriptModule:
     """Save the greedy policy as TorchScript: ``torch.jit.load(path)(obs_batch) -> actions``,
     runnable without Python, Lightning or this library."""

@@ -25,7 +25,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from lightning_rl.algorithms.base import RLModule
+from lightning_rl.algorithms.base import Algorithm
 from lightning_rl.checkpoint import algorithm_class, algorithm_names, read_checkpoint, resolve_algorithm
 from lightning_rl.data.envs import EnvSpec, GymMake, check_env, env_spaces, env_spec
 from lightning_rl.data.spaces import flatten_env
@@ -141,7 +141,7 @@ def _save_gif(frames: list[np.ndarray], out: Path, fps: float) -> None:
 
 @torch.no_grad()
 def record(
-    model: RLModule,
+    model: Algorithm,
     out: PathLikeStr,
     num_episodes: int = 3,
     env: EnvSpec | None = None,
@@ -223,7 +223,7 @@ def _finish(frames: list[np.ndarray], returns: list[float], truncated_gif: bool,
     _save_gif(frames, out, fps)
 
 
-def _play_multi_agent(model: RLModule, spec: Any, num_episodes: int, seed: int | None,
+def _play_multi_agent(model: Algorithm, spec: Any, num_episodes: int, seed: int | None,
                       max_frames: int) -> tuple[list[np.ndarray], list[float], bool]:
     """Greedy episodes of a PettingZoo env, every live agent acting with its mapped policy; the
     returns are the team's (summed over agents), as evaluation and training log them."""
@@ -267,7 +267,7 @@ def _play_multi_agent(model: RLModule, spec: Any, num_episodes: int, seed: int |
 
 
 # ----------------------------------------------------------------------------- checkpoints
-def load_model(ckpt_path: PathLikeStr, algo: str | type[RLModule] | None = None, **hparams: Any) -> RLModule:
+def load_model(ckpt_path: PathLikeStr, algo: str | type[Algorithm] | None = None, **hparams: Any) -> Algorithm:
     """Load a lightning_rl algorithm from a Lightning checkpoint (``trainer.save_checkpoint`` or
     ``ModelCheckpoint``), on the CPU.
 
@@ -284,8 +284,8 @@ def load_model(ckpt_path: PathLikeStr, algo: str | type[RLModule] | None = None,
         what = "is a directory, not a file" if path.is_dir() else "does not exist"
         raise FileNotFoundError(f"checkpoint {str(path)!r} {what}")
     if algo is not None and not isinstance(algo, str):
-        if not (inspect.isclass(algo) and issubclass(algo, RLModule)):
-            raise TypeError(f"algo must be an algorithm name or an RLModule subclass, got {algo!r}")
+        if not (inspect.isclass(algo) and issubclass(algo, Algorithm)):
+            raise TypeError(f"algo must be an algorithm name or an Algorithm subclass, got {algo!r}")
     # The same safe reader as resuming: weights_only=True, errors that name the file.
     checkpoint = read_checkpoint(path)
     cls = resolve_algorithm(algo) if isinstance(algo, str) else algo or algorithm_class(checkpoint)

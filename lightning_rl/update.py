@@ -13,7 +13,7 @@ and nothing in the step reads a value back to the host.
 A non-finite loss cannot raise inside a compiled graph without a host sync per step, so the
 compiled step keeps an ``ok`` flag on the device: from the first non-finite loss on, the step
 leaves parameters and optimizer state untouched, and the learner reads the flag once per
-iteration (``RLModule.check_updates``) and stops fit naming the term. The eager step raises
+iteration (``check_updates``) and stops fit naming the term. The eager step raises
 at once.
 
 Under DDP the compiled step is two graphs around one flat all-reduce of the gradients.
@@ -25,13 +25,13 @@ import functools
 import math
 import types
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from lightning_rl.distributed import world_size
+from lightning_rl.distributed import FlatGradients, world_size
 
 # (params or None for the module's own, minibatch, scalars) -> (loss, aux results)
 LossFn = Callable[[dict[str, Tensor] | None, dict[str, Tensor], dict[str, Any]], tuple[Tensor, dict[str, Any]]]
@@ -76,7 +76,8 @@ class UpdateStep:
     """One optimizer's update on a loss, eager or compiled.
 
     Args:
-        owner: the ``RLModule`` (its ``optimize`` is the eager step).
+        owner: the ``Algorithm`` (the eager step backpropagates and clips through its Lightning
+            API; errors name its counters).
         params: the parameters ``optimizer`` steps, by the names the loss reads them with.
         optimizer: the ``LightningOptimizer`` from ``owner.optimizers()``.
         loss_fn: ``(params, batch, scalars) -> (loss, aux)``; ``params`` is ``None`` in the eager
@@ -106,6 +107,7 @@ class UpdateStep:
         self._ran = False
         self.ok: Tensor | None = None  # False once a non-finite loss was skipped (compiled only)
         self._scalars: dict[str, Tensor] = {}
+        self._grads: FlatGradients | None = None  # the eager step's, laid out on first use
 
     # ------------------------------------------------------------------ entry point
     def __call__(self, batch: Mapping[str, Any], scalars: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -125,8 +127,27 @@ class UpdateStep:
                           "it runs eagerly instead (same results, slower)")
                 self.compiled = False
         loss, aux = self.loss_fn(None, batch, scalars)
-        self.owner.optimize(self.optimizer, loss, self.grad_clip, _flat_terms(aux, loss))
+        self._eager_step(loss, _flat_terms(aux, loss))
         return aux
+
+    def _eager_step(self, loss: Tensor, terms: dict[str, Tensor]) -> None:
+        """Backward of ``loss``, gradients averaged over DDP ranks (only those of the parameters
+        the optimizer steps, as one flat all-reduce), norm clipping, step. A non-finite loss
+        raises before anything is stepped, naming the first non-finite term."""
+        if not torch.isfinite(loss):
+            bad = [n for n, t in terms.items() if not torch.isfinite(t).all()]
+            bad = [n for n in bad if n != "total_loss"] or bad  # name the term, not the sum
+            raise nonfinite_error(self.owner, ": " + (", ".join(f"{n} = {terms[n].detach().float().mean().item()}"
+                                                             for n in bad) if bad else f"loss = {loss.item()}"))
+        if self._grads is None:
+            params = [p for group in self.optimizer.param_groups for p in group["params"]]
+            self._grads = FlatGradients(params)
+        self._grads.zero()
+        self.owner.manual_backward(loss)
+        self._grads.all_reduce()
+        if self.grad_clip is not None:
+            self.owner.clip_gradients(self.optimizer, self.grad_clip, gradient_clip_algorithm="norm")
+        self.optimizer.step()
 
     # ------------------------------------------------------------------ compiled path
     def _build(self) -> None:
@@ -293,3 +314,27 @@ def nonfinite_terms(results: Mapping[str, Any]) -> list[str]:
         elif isinstance(value, float) and not math.isfinite(value):
             bad.append(key)
     return bad
+
+
+class NonFiniteLossError(FloatingPointError):
+    """A loss term became NaN or infinite; raised before the optimizer steps on it."""
+
+
+def nonfinite_error(owner: Any, detail: str, after: str = "") -> NonFiniteLossError:
+    """The error naming the iteration and env step of ``owner`` (an ``Algorithm``)."""
+    return NonFiniteLossError(
+        f"non-finite loss at iteration {owner.counters['num_iterations']} "
+        f"(env step {owner.global_counters['num_env_steps_sampled']}){detail}; the weights were not stepped{after}"
+    )
+
+
+def check_updates(steps: Iterable[UpdateStep], learner_info: Mapping[str, Any], owner: Any) -> None:
+    """Stop fit if a compiled step met a non-finite loss this iteration (one host read of the
+    steps' flags per iteration; the eager step raises at once)."""
+    steps = [s for s in steps if s.ok is not None]
+    if not steps or bool(torch.stack([s.ok for s in steps]).all()):
+        return
+    bad = nonfinite_terms(learner_info)
+    bad = [n for n in bad if n != "total_loss"] or bad
+    raise nonfinite_error(owner, " in the " + ", ".join(repr(s.name) for s in steps if not s.ok) + " update"
+                          + (f": {', '.join(bad)}" if bad else ""), " from that minibatch on")

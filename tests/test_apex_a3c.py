@@ -400,7 +400,7 @@ def test_a3c_packet_is_the_a2c_gradient_and_is_applied_as_the_optimizer_would(op
             ref_optimizer.step()
             builder = LearnerInfoBuilder()
             assert model.learn_on_batch(packet, builder) == int(valid.sum())
-            model._weights_version += 1  # as training_step: the sampling copy then takes the new weights
+            model.policies.version += 1  # as training_step: the sampling copy then takes the new weights
             torch.testing.assert_close(flat_params(model.policies[PID]), flat_params(ref_policy), rtol=0, atol=0)
             stats = builder.finalize()[PID][LEARNER_STATS_KEY]
             assert "grad_gnorm" not in stats and stats["cur_lr"] == pytest.approx(1e-2)

@@ -100,7 +100,7 @@ def test_broadcast_reaches_the_workers_and_versions_follow():
         with torch.no_grad():
             for p in model.policies.parameters():
                 p.add_(1.0)
-        model._weights_version += 1
+        model.policies.version += 1
         model.counters["num_iterations"] = 7
         deadline = time.monotonic() + 20
         while True:  # fragments sampled before the broadcast drain first
@@ -123,7 +123,7 @@ def test_max_policy_lag_drops_old_fragments():
         dm.sample()
         time.sleep(1.0)  # fragments of version 0 pile up in the queue
         model.counters["num_iterations"] = 50
-        model._weights_version += 1
+        model.policies.version += 1
         sb = dm.sample().policy_batches["default_policy"]
         assert (sb[POLICY_VERSION] >= 48).all()
         assert dm.counters["num_fragments_dropped"] > 0
@@ -140,7 +140,7 @@ def test_a_slow_learner_bounds_the_policy_lag():
         dm.sample()
         time.sleep(2.0)  # unbounded, the workers would pile up hundreds of fragments meanwhile
         model.counters["num_iterations"] = 50
-        model._weights_version += 1
+        model.policies.version += 1
         fresh = [(dm.sample().policy_batches["default_policy"][POLICY_VERSION] == 50).any() for _ in range(6)]
         assert any(fresh)
     finally:
@@ -249,10 +249,10 @@ def test_broadcast_interval_spaces_the_weight_broadcasts():
     try:
         dm.sample()
         for iteration in (1, 2):
-            model._weights_version, model.counters["num_iterations"] = iteration, iteration
+            model.policies.version, model.counters["num_iterations"] = iteration, iteration
             dm.sample()
             assert int(dm._weights.seq[1]) == 0  # not yet: 3 iterations between broadcasts
-        model._weights_version, model.counters["num_iterations"] = 3, 3
+        model.policies.version, model.counters["num_iterations"] = 3, 3
         dm.sample()
         assert int(dm._weights.seq[1]) == 3
     finally:
@@ -284,7 +284,7 @@ def test_broadcasts_follow_iterations_while_a_batch_is_reused():
     dm = started(model)
     try:
         dm.sample()
-        model._weights_version, model.counters["num_iterations"] = 1, 1
+        model.policies.version, model.counters["num_iterations"] = 1, 1
         batch = dm.sample()
         assert batch.env_steps == 0  # the same batch again ...
         assert int(dm._weights.seq[1]) == 1  # ... and the new weights went out

@@ -55,7 +55,7 @@ def test_impala_workers_act_with_the_broadcast_batchnorm_statistics():
     try:
         dm.sample()
         set_statistics(policy, 0.5, 4.0)
-        model._weights_version += 1  # an iteration trained (it changed only buffers)
+        model.policies.version += 1  # an iteration trained (it changed only buffers)
         model.counters["num_iterations"] = 3
         sb = dm.sample().policy_batches["default_policy"]  # max_policy_lag=0: only fragments of version 3
         assert (sb[POLICY_VERSION] == 3).all()
@@ -93,7 +93,7 @@ def test_a3c_workers_compute_gradients_with_the_broadcast_buffers():
         first = dm.sample()
         assert first.info["worker_stats"][0]["probe_mean"] == 0.0
         set_statistics(model.policies["default_policy"], 0.25, 9.0)
-        model._weights_version += 1
+        model.policies.version += 1
         model.counters["num_iterations"] = 4
         deadline = time.monotonic() + 20
         while True:  # the packet computed after the applied one's slot came back, with the new state
@@ -116,7 +116,7 @@ def test_a_sampling_copy_on_another_device_has_the_buffers_and_acts_in_eval_mode
     assert model.sampling_policy("default_policy", other) is not policy
     set_statistics(policy, 0.5, 4.0)
     policy.obs_rms.update(torch.randn(32, 4) * 3 + 1)
-    model._weights_version += 1  # an iteration trained
+    model.policies.version += 1  # an iteration trained
     copy = model.sampling_policy("default_policy", other)
     assert not any(m.training for m in copy.modules())
     for name, value in policy.state_dict().items():

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from lightning_rl import A2C, PPO, SampleBatch
+from lightning_rl.callbacks.trainer_wiring import TrainerWiring
 from lightning_rl.functional import standardized, value_loss
 from lightning_rl.process import rank_cpus, set_process_affinity
 from tests.conftest import fit_iterations
@@ -227,7 +228,7 @@ def test_cpu_affinity_pins_a_ddp_rank_and_restores(cpu_affinity):
         expected = rank_cpus(before, 1, 2) if cpu_affinity else before
         assert os.sched_getaffinity(0) == expected
         assert all(os.sched_getaffinity(int(t)) == expected for t in os.listdir("/proc/self/task"))
-        model.on_fit_end()
+        TrainerWiring().on_fit_end(None, model)  # after fit
         assert os.sched_getaffinity(0) == before
     finally:
         set_process_affinity(before)

@@ -2,7 +2,7 @@ from lightning_rl.algorithms.a2c import A2C
 from lightning_rl.algorithms.a3c import A3C
 from lightning_rl.algorithms.apex import APEX
 from lightning_rl.algorithms.appo import APPO
-from lightning_rl.algorithms.base import RLModule
+from lightning_rl.algorithms.base import Algorithm, RLModule
 from lightning_rl.algorithms.dqn import DQN
 from lightning_rl.algorithms.impala import IMPALA
 from lightning_rl.algorithms.off_policy import OffPolicyModule
@@ -10,4 +10,7 @@ from lightning_rl.algorithms.on_policy import OnPolicyModule
 from lightning_rl.algorithms.ppo import PPO
 from lightning_rl.algorithms.sac import SAC
 
-__all__ = ["A2C", "A3C", "APEX", "APPO", "DQN", "IMPALA", "PPO", "SAC", "OffPolicyModule", "OnPolicyModule", "RLModule"]
+__all__ = [
+    "A2C", "A3C", "APEX", "APPO", "DQN", "IMPALA", "PPO", "SAC", "Algorithm", "OffPolicyModule", "OnPolicyModule",
+    "RLModule",
+]

@@ -8,12 +8,13 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from lightning_rl.algorithms.base import PolicyMapping, Schedule
 from lightning_rl.algorithms.on_policy import OnPolicyModule
 from lightning_rl.batch import SampleBatch
 from lightning_rl.data.envs import EnvSpec
 from lightning_rl.functional import a2c_loss
 from lightning_rl.nn.encoders import Activation, EncoderSpec
+from lightning_rl.policies import PolicyMapping
+from lightning_rl.settings import Schedule
 
 
 class A2C(OnPolicyModule):

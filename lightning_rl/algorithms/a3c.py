@@ -8,23 +8,18 @@ from typing import Any, Literal
 
 import torch
 
-from lightning_rl.algorithms.base import (
-    NonFiniteLossError,
-    RLModule,
-    Schedule,
-    check_gamma,
-    check_positive,
-    resolve_schedule,
-)
+from lightning_rl.algorithms.base import Algorithm
 from lightning_rl.batch import DEFAULT_POLICY_ID, MultiAgentBatch
 from lightning_rl.data.async_gradients import GRADS, A3CDataModule
 from lightning_rl.data.envs import EnvSpec
 from lightning_rl.learner_info import LEARNER_STATS_KEY, LearnerInfoBuilder
 from lightning_rl.nn.encoders import Activation, EncoderSpec
 from lightning_rl.nn.models import ActorCritic
+from lightning_rl.settings import Schedule, check_gamma, check_positive, resolve_schedule
+from lightning_rl.update import NonFiniteLossError
 
 
-class A3C(RLModule):
+class A3C(Algorithm):
     """A3C: each training iteration applies the gradient packets that arrived from the sampler
     workers (at least one, at most one per worker), each with its own optimizer step.
 

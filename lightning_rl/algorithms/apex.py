@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from lightning_rl.algorithms.base import Schedule
 from lightning_rl.algorithms.dqn import DQN
 from lightning_rl.data.async_replay import ApexDataModule
 from lightning_rl.data.envs import EnvSpec
+from lightning_rl.settings import Schedule
 
 
 class APEX(DQN):

@@ -11,12 +11,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lightning_rl.algorithms.base import PolicyMapping, Schedule, check_positive
 from lightning_rl.algorithms.impala import IMPALA
 from lightning_rl.batch import SampleBatch
 from lightning_rl.data.envs import EnvSpec
 from lightning_rl.functional import masked_mean, ppo_surrogate_loss
 from lightning_rl.nn.encoders import Activation, EncoderSpec
+from lightning_rl.policies import PolicyMapping
+from lightning_rl.settings import Schedule, check_positive
 
 
 class APPO(IMPALA):

@@ -9,12 +9,13 @@ from typing import Any
 
 import torch
 
-from lightning_rl.algorithms.base import PolicyMapping, Schedule
 from lightning_rl.algorithms.off_policy import OffPolicyModule
 from lightning_rl.batch import SampleBatch
 from lightning_rl.data.envs import EnvSpec
 from lightning_rl.functional import double_q_target, huber_loss, soft_update_
 from lightning_rl.nn.q_models import QNetwork
+from lightning_rl.policies import PolicyMapping
+from lightning_rl.settings import Schedule
 from lightning_rl.update import call, policy_loss
 
 

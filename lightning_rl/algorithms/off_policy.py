@@ -8,14 +8,7 @@ from typing import Any
 import gymnasium as gym
 import torch
 
-from lightning_rl.algorithms.base import (
-    PolicyMapping,
-    RLModule,
-    Schedule,
-    check_gamma,
-    check_positive,
-    resolve_schedule,
-)
+from lightning_rl.algorithms.base import Algorithm
 from lightning_rl.batch import MultiAgentBatch, SampleBatch
 from lightning_rl.data.envs import EnvSpec
 from lightning_rl.data.multi_agent_replay import MultiAgentReplayDataModule
@@ -23,9 +16,11 @@ from lightning_rl.data.replay import ReplayDataModule
 from lightning_rl.data.spaces import valid_point
 from lightning_rl.distributed import all_reduce_max
 from lightning_rl.learner_info import LEARNER_STATS_KEY, LearnerInfoBuilder
+from lightning_rl.policies import PolicyMapping
+from lightning_rl.settings import Schedule, check_gamma, check_positive, resolve_schedule
 
 
-class OffPolicyModule(RLModule):
+class OffPolicyModule(Algorithm):
     """Learner on replay. Each iteration, ``num_gradient_steps`` times (the reference's order):
 
     1. sample ``train_batch_size`` transitions from the replay (prioritized: with importance

@@ -9,14 +9,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from lightning_rl.algorithms.base import (
-    PolicyMapping,
-    RLModule,
-    Schedule,
-    check_gamma,
-    check_positive,
-    resolve_schedule,
-)
+from lightning_rl.algorithms.base import Algorithm
 from lightning_rl.batch import BOOTSTRAP, DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
 from lightning_rl.data.base import eval_mode
 from lightning_rl.data.envs import EnvSpec
@@ -29,10 +22,12 @@ from lightning_rl.learner_info import LEARNER_STATS_KEY, LearnerInfoBuilder
 from lightning_rl.nn.encoders import Activation, EncoderSpec
 from lightning_rl.nn.models import ActorCritic, preprocess_obs
 from lightning_rl.nn.recurrent import EPISODE_STARTS, PREV_ACTIONS, PREV_REWARDS, STATE_IN, RecurrentActorCritic
+from lightning_rl.policies import PolicyMapping
+from lightning_rl.settings import Schedule, check_gamma, check_positive, resolve_schedule
 from lightning_rl.update import call, policy_loss
 
 
-class OnPolicyModule(RLModule):
+class OnPolicyModule(Algorithm):
     """Actor-critic learner on rollouts: GAE, standardized fields, minibatch SGD.
 
     Each iteration's batch of ``num_envs * rollout_fragment_length`` env steps is

@@ -8,12 +8,14 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from lightning_rl.algorithms.base import PolicyMapping, Schedule, resolve_schedule
 from lightning_rl.algorithms.on_policy import OnPolicyModule
 from lightning_rl.batch import SampleBatch
 from lightning_rl.data.envs import EnvSpec
+from lightning_rl.distributed import mean_over_ranks
 from lightning_rl.functional import explained_variance, masked_mean, ppo_surrogate_loss, value_loss
 from lightning_rl.nn.encoders import Activation, EncoderSpec
+from lightning_rl.policies import PolicyMapping
+from lightning_rl.settings import Schedule, resolve_schedule
 
 
 class PPO(OnPolicyModule):
@@ -200,7 +202,7 @@ class PPO(OnPolicyModule):
             coeff = self.kl_coeff[policy_id]
             if coeff == 0:
                 continue
-            kl = self.mean_over_ranks(info["learner_stats"]["kl"])
+            kl = mean_over_ranks(info["learner_stats"]["kl"], self.device)
             if kl > 2.0 * self.kl_target:
                 self.kl_coeff[policy_id] = coeff * 1.5
             elif kl < 0.5 * self.kl_target:

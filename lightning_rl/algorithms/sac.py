@@ -10,12 +10,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lightning_rl.algorithms.base import Schedule
 from lightning_rl.algorithms.off_policy import OffPolicyModule
 from lightning_rl.batch import DEFAULT_POLICY_ID, SampleBatch
 from lightning_rl.data.envs import EnvSpec
 from lightning_rl.functional import soft_update_
 from lightning_rl.nn.q_models import SquashedGaussianActor, TwinQ
+from lightning_rl.settings import Schedule
 from lightning_rl.update import call, policy_loss
 
 

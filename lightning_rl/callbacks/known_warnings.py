@@ -15,7 +15,7 @@ KNOWN_WARNINGS: tuple[tuple[type[Warning], str], ...] = (
     # Learner info is logged on the last iteration of every epoch too (callbacks/learner_info.py),
     # so an epoch shorter than log_every_n_steps loses nothing, unlike what this says.
     (UserWarning, r"The number of training batches \(\d+\) is smaller than the logging interval"),
-    # Without evaluation_interval the val loader is empty by design (RLModule.val_dataloader).
+    # Without evaluation_interval the val loader is empty by design (Algorithm.val_dataloader).
     (UserWarning, r"Total length of `list` across ranks is zero"),
     # Sampling steps envs with the live policy, so it runs in the training process: the advice to
     # add DataLoader workers, and the caveat about __len__ with several of them, do not apply.

@@ -22,7 +22,7 @@ class EnvStepProgressBar(TQDMProgressBar):
     ``val/episode_return_mean``), less what the bar shows already. Validation keeps
     Lightning's own bar.
 
-    ``RLModule.configure_callbacks`` puts it in place of a plain ``TQDMProgressBar`` (Lightning's
+    ``Algorithm.configure_callbacks`` puts it in place of a plain ``TQDMProgressBar`` (Lightning's
     default), with the same settings; any other progress bar is left alone.
     """
 

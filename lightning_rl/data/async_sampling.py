@@ -413,7 +413,7 @@ class AsyncSamplingDataModule(EnvDataModule):
         self._columns = self.task(0).columns(self._cpu_policy, self._local)
         self._weights = _SharedWeights(self._cpu_policy)
         self._weights.write(policy, int(module.counters["num_iterations"]))
-        self._last_broadcast = module._weights_version
+        self._last_broadcast = module.policies.version
         per_worker = 1 if self.hold_slots else 1 + math.ceil(self.learner_queue_size / self.num_workers)
         self._slots = [
             {k: torch.zeros(shape, dtype=dtype).share_memory_() for k, (shape, dtype) in self._columns.items()}
@@ -504,9 +504,9 @@ class AsyncSamplingDataModule(EnvDataModule):
     def maybe_broadcast(self) -> None:
         """Write the learner's weights for the workers when ``broadcast_interval`` iterations passed."""
         module = self.module
-        if module._weights_version - self._last_broadcast >= self.broadcast_interval:
+        if module.policies.version - self._last_broadcast >= self.broadcast_interval:
             self._weights.write(self._worker_policy(), int(module.counters["num_iterations"]))
-            self._last_broadcast = module._weights_version
+            self._last_broadcast = module.policies.version
 
     def _sample_here(self) -> MultiAgentBatch:
         assert self._local is not None and self.module is not None

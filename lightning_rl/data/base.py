@@ -29,7 +29,7 @@ from lightning_rl.data.envs import (
 )
 
 if TYPE_CHECKING:
-    from lightning_rl.algorithms.base import RLModule
+    from lightning_rl.algorithms.base import Algorithm
 
 def rank_seed(seed: int | None, rank: int) -> int | None:
     """Distinct env seeds per DDP rank (``seed + 1000 * rank``)."""
@@ -136,14 +136,14 @@ class EnvDataModule(pl.LightningDataModule):
         self.iterations_per_epoch = iterations_per_epoch
         self.sampling_device = torch.device(sampling_device)
         self.check_finite = check_finite
-        self.module: RLModule | None = None
+        self.module: Algorithm | None = None
         self.envs: gym.vector.VectorEnv | None = None
         self.generator = new_generator(seed, self.sampling_device)
         self.rank = 0
         self._steps = 0  # vector-env steps taken by this process (each env's own step count)
         self._state_at_teardown: dict[str, Any] = {}
 
-    def connect(self, module: RLModule) -> None:
+    def connect(self, module: Algorithm) -> None:
         """The one door through which the DataModule learns the policy it samples with."""
         self.module = module
 

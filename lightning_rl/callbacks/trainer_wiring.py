@@ -1,0 +1,95 @@
+"""What lightning_rl sets on a Trainer, in one place, for the Python API and the CLI alike."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pytorch_lightning as pl
+from pytorch_lightning.callbacks import ModelSummary, TQDMProgressBar
+from pytorch_lightning.utilities import rank_zero_info
+
+from lightning_rl.callbacks.episodes import RolloutMetricsCallback
+from lightning_rl.callbacks.final_checkpoint import FinalCheckpoint
+from lightning_rl.callbacks.interrupt import InterruptCheckpoint
+from lightning_rl.callbacks.known_warnings import KnownWarnings
+from lightning_rl.callbacks.learner_info import LearnerInfoCallback, LogCadence
+from lightning_rl.callbacks.progress import EnvStepProgressBar
+from lightning_rl.checkpoint import CheckedCheckpointIO
+from lightning_rl.data.base import EnvDataModule
+from lightning_rl.distributed import check_strategy
+
+if TYPE_CHECKING:
+    from lightning_rl.algorithms.base import Algorithm
+
+
+class TrainerWiring(pl.Callback):
+    """The Trainer settings an algorithm owns and the process around its fit.
+
+    ``Algorithm.configure_callbacks`` calls ``callbacks``: the first hook Lightning calls on
+    the module, before it restores a checkpoint and before callbacks' ``setup`` read the
+    validation cadence. The callback itself then pins threads and CPUs for the fit (restored
+    after it, also when it fails), checks the strategy, lifts Lightning's default epoch cap
+    under an env-step budget, stops a resumed run whose budget is spent, and closes the
+    envs of a failed fit."""
+
+    @staticmethod
+    def callbacks(module: Algorithm, trainer: pl.Trainer | None) -> list[pl.Callback]:
+        """The callbacks to add to ``trainer`` for ``module`` (those it already has left out).
+
+        Also, on ``trainer``: checkpoints are read through ``CheckedCheckpointIO``, validation
+        runs every ``evaluation_interval`` epochs, Lightning's default progress bar becomes
+        ``EnvStepProgressBar`` (the run's env steps, not the epoch's batches) and its default
+        model summary shows depth 2 (each policy's parameters)."""
+        present = {type(cb) for cb in trainer.callbacks} if trainer is not None else set()
+        added: list[pl.Callback] = [
+            cb() for cb in (LearnerInfoCallback, RolloutMetricsCallback, LogCadence, TrainerWiring, FinalCheckpoint,
+                            KnownWarnings) if cb not in present
+        ]
+        if trainer is None:
+            return added
+        strategy = trainer.strategy
+        if not isinstance(strategy.checkpoint_io, CheckedCheckpointIO):
+            strategy.checkpoint_io = CheckedCheckpointIO(strategy.checkpoint_io, module)
+        if module.evaluation_interval is not None:
+            trainer.check_val_every_n_epoch = module.evaluation_interval
+        if InterruptCheckpoint not in present:  # in the run's checkpoint folder; the CLI sets resume_command
+            added.append(InterruptCheckpoint(resume_command=module.resume_command))
+        # Swapped in the Trainer's list, not returned (that prints an "override" notice).
+        for i, cb in enumerate(trainer.callbacks):
+            if type(cb) is TQDMProgressBar:
+                trainer.callbacks[i] = EnvStepProgressBar.like(cb)
+            elif type(cb) is ModelSummary and cb._max_depth == 1:  # Lightning's default
+                trainer.callbacks[i] = ModelSummary(max_depth=2)
+        return added
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: Algorithm) -> None:
+        pl_module.process_settings.apply(trainer.local_rank, trainer.num_devices, pl_module.device.type == "cpu")
+        check_strategy(trainer)
+        # Lightning turns "no limit given" into max_epochs=1000; with an env-step budget the
+        # budget is the limit, so lift the epoch cap (a user's explicit max_epochs of 1000
+        # is indistinguishable and is lifted too, as documented in the README).
+        if pl_module.total_env_steps and trainer.fit_loop.max_epochs == 1000 and trainer.max_steps == -1:
+            trainer.fit_loop.max_epochs = -1
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: Algorithm) -> None:
+        # Resuming a run whose budget is spent trains nothing (Lightning would start another epoch).
+        if pl_module.budget_spent():
+            rank_zero_info(
+                f"{type(pl_module).__name__} already sampled {pl_module.global_counters[pl_module.budget_counter]} of "
+                f"total_env_steps={pl_module.total_env_steps}: nothing to train (raise total_env_steps to continue)"
+            )
+            trainer.should_stop = True
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: Algorithm) -> None:
+        pl_module.process_settings.restore()
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        # A failed or interrupted fit skips on_fit_end and teardown: give the process its threads
+        # and CPUs back and close the envs (terminating env worker processes).
+        process_settings = getattr(pl_module, "process_settings", None)
+        if process_settings is None:
+            return
+        process_settings.restore()
+        dm = pl_module.active_datamodule
+        if isinstance(dm, EnvDataModule) and dm is not trainer.datamodule:  # Lightning tells its own
+            dm.on_exception(exception)
