@@ -1,15 +1,15 @@
-"""Deterministic evaluation episodes on separate envs."""
+"""Deterministic evaluation episodes on separate envs (the sampling engine's, ``data/sampler.py``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 import torch
 
 from lightning_rl.batch import DEFAULT_POLICY_ID
-from lightning_rl.data.envs import EnvSpec, close_vector_env, make_vector_env, reset_vector_env, step_vector_env
+from lightning_rl.data.envs import EnvSpec
+from lightning_rl.data.sampler import EnvSampler
 from lightning_rl.inference import Acting
 
 
@@ -32,23 +32,21 @@ def evaluate(
         raise ValueError(f"num_episodes must be >= 1, got {num_episodes}")
     if getattr(module, "multi_agent", False):  # team returns of a PettingZoo env
         return evaluate_multi_agent(module, env if env is not None else module.env_spec, num_episodes, seed, explore)
-    envs = make_vector_env(env if env is not None else module.env_spec, num_episodes, vectorization)
-    space = envs.single_action_space
+    sampler = EnvSampler(env if env is not None else module.env_spec, num_episodes, vectorization,
+                         check_finite=False)
     try:
-        obs, _ = reset_vector_env(envs, seed=seed)
+        sampler.open()
+        sampler.reset(seed)
         returns = np.zeros(num_episodes)
         finished = np.zeros(num_episodes, dtype=bool)
         acting = Acting(module, policy_id, explore)  # carries a recurrent policy's state
         while not finished.all():
-            actions = acting.act(obs)
-            if isinstance(space, gym.spaces.Box):
-                actions = np.clip(actions, space.low, space.high)
-            obs, rewards, terminateds, truncateds, _ = step_vector_env(envs, actions)
+            _, rewards, terminateds, truncateds, _ = sampler.step(acting.act(sampler.obs))  # Box actions clipped
             acting.observe(rewards, terminateds | truncateds)
             returns += np.where(finished, 0.0, rewards)
             finished |= terminateds | truncateds
     finally:
-        close_vector_env(envs)
+        sampler.close()
     return returns.tolist()
 
 

@@ -38,7 +38,7 @@ def predict(
     was_training = module.training
     module.eval()
     try:
-        if not module.is_recurrent(policy_id):
+        if not module.policies.is_recurrent(policy_id):
             return module.compute_actions(obs, policy_id=policy_id, explore=not deterministic), state
         policy = module.policies[policy_id]
         if policy.use_prev_action or policy.use_prev_reward:
@@ -58,7 +58,7 @@ class Acting:
 
     def __init__(self, module: Algorithm, policy_id: str = DEFAULT_POLICY_ID, explore: bool = False) -> None:
         self.module, self.policy_id, self.explore = module, policy_id, explore
-        self.recurrent = module.is_recurrent(policy_id)
+        self.recurrent = module.policies.is_recurrent(policy_id)
         self.state: np.ndarray | None = None
         self.starts: np.ndarray | None = None
         self.prev_action: np.ndarray | None = None
@@ -101,7 +101,7 @@ def export_policy(
 ) -> torch.jit.ScriptModule:
     """Save the greedy policy as TorchScript: ``torch.jit.load(path)(obs_batch) -> actions``,
     runnable without Python, Lightning or this library."""
-    if module.is_recurrent(policy_id):
+    if module.policies.is_recurrent(policy_id):
         raise ValueError("export_policy exports a feed-forward policy (obs -> actions); a recurrent one needs its "
                          "state: use predict or compute_actions")
     greedy = _GreedyPolicy(copy.deepcopy(module.policies[policy_id]).cpu().eval())

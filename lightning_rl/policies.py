@@ -7,7 +7,6 @@ hold ``policies.<policy id>.*`` weights); it knows nothing of Lightning.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -18,9 +17,9 @@ import torch
 from torch import Tensor, nn
 
 from lightning_rl.batch import DEFAULT_POLICY_ID
-from lightning_rl.data.base import eval_mode, policy_state
 from lightning_rl.data.envs import EnvSpec, env_spaces
 from lightning_rl.data.multi_agent import agent_spaces, policy_spaces
+from lightning_rl.data.sampler import policy_state
 from lightning_rl.data.spaces import flatten_observation, flatten_observation_space, is_raw_observation, is_structured
 from lightning_rl.nn.recurrent import EPISODE_STARTS, PREV_ACTIONS, PREV_REWARDS, STATE_IN, STATE_OUT
 
@@ -145,16 +144,6 @@ class Policies(nn.ModuleDict):
     def is_recurrent(self, policy_id: str = DEFAULT_POLICY_ID) -> bool:
         """Whether the policy carries a state between steps (``use_lstm``)."""
         return bool(getattr(self[policy_id], "recurrent", False))
-
-    @staticmethod
-    def act(policy: nn.Module, obs: Tensor, device: torch.device, explore: bool,
-            generator: torch.Generator | None, inputs: dict[str, Tensor] | None,
-            **exploration: Any) -> dict[str, Tensor]:
-        """``policy.compute_actions`` on ``device`` in eval mode (submodules' modes restored)."""
-        kwargs = {**exploration, **{k: v.to(device) for k, v in (inputs or {}).items()}}
-        # (sampling puts the policies in eval mode once per iteration: no per-step walk of the submodules)
-        with eval_mode(policy) if policy.training else contextlib.nullcontext():
-            return policy.compute_actions(obs.to(device), explore=explore, generator=generator, **kwargs)
 
     def action_inputs(
         self, obs: np.ndarray | Tensor, policy_id: str, state: Any, episode_start: Any, prev_action: Any,

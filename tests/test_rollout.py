@@ -33,7 +33,8 @@ def test_batch_columns_and_counts(model):
     fragment = batch.policy_batches["default_policy"]  # time-major, as docs/design.md states
     for col in ("obs", "actions", "action_logp", "vf_preds", "rewards", "terminateds", "truncateds", "valid"):
         assert fragment[col].shape[:2] == (8, 4), col
-    assert fragment["bootstrap_obs"].shape == (4, 4) and np.array_equal(fragment["bootstrap_obs"].numpy(), dm._obs)
+    assert fragment["bootstrap_obs"].shape == (4, 4)
+    assert np.array_equal(fragment["bootstrap_obs"].numpy(), dm.sampler.obs)
     assert "advantages" not in fragment  # the sampler computes no targets: the learner does
     assert not any(torch.is_inference(v) for v in fragment.values())  # autograd may use the batch
     pb = model.postprocess(batch).policy_batches["default_policy"]
@@ -68,10 +69,10 @@ def test_action_logp_matches_the_policy(model):
 
 
 def test_each_env_gets_its_own_seed(model):
-    first = connected(model)._obs
+    first = connected(model).sampler.obs
     assert len({tuple(row) for row in first.round(6)}) == 4
-    np.testing.assert_array_equal(first, connected(model)._obs)  # same seed, same starts
-    assert not np.array_equal(first, connected(model, seed=1)._obs)
+    np.testing.assert_array_equal(first, connected(model).sampler.obs)  # same seed, same starts
+    assert not np.array_equal(first, connected(model, seed=1).sampler.obs)
 
 
 def test_rank_seeds_are_distinct():
@@ -225,7 +226,8 @@ class _Watched:
 
 @pytest.mark.parametrize("use_lstm", [False, True])
 def test_sampling_asks_the_module_for_actions_only_and_the_learner_computes_the_targets(use_lstm):
-    """Data flows one way (docs/design.md): a fragment needs only the policy's actions; GAE, its
+    """Data flows one way (docs/design.md): a fragment needs only the acting policy (the network
+    and its exploration settings, which the sampling engine asks for actions); GAE, its
     bootstrap value and the reset rows dropped are the training step's (``postprocess``)."""
     model = PPO(env="CartPole-v1", num_envs=4, rollout_fragment_length=8, sgd_minibatch_size=8, seed=0,
                 total_env_steps=None, use_lstm=use_lstm, max_seq_len=8, gamma=0.9, lambda_=0.8)
@@ -233,7 +235,7 @@ def test_sampling_asks_the_module_for_actions_only_and_the_learner_computes_the_
     watched = _Watched(model)
     dm.module = watched
     batch = dm.sample()
-    assert watched.read <= {"policy_outputs", "is_recurrent", "initial_state"}, watched.read
+    assert watched.read <= {"sampling_policy", "exploration_kwargs"}, watched.read
     fragment = dict(batch.policy_batches["default_policy"])
     inputs = {k[len("bootstrap_"):]: v for k, v in fragment.items()
               if k.startswith("bootstrap_") and k != "bootstrap_obs"}

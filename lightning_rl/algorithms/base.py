@@ -39,6 +39,7 @@ from lightning_rl.counters import count_iteration, new_counters, summed_over_ran
 from lightning_rl.data.base import EnvDataModule, new_generator, rank_seed
 from lightning_rl.data.envs import EnvSpec, env_spec
 from lightning_rl.data.multi_agent import is_multi_agent_env
+from lightning_rl.data.sampler import act
 from lightning_rl.distributed import bypass_ddp_gradient_sync
 from lightning_rl.evaluation import log_evaluation
 from lightning_rl.functional import piecewise_linear
@@ -199,16 +200,7 @@ class Algorithm(pl.LightningModule):
         ``state_out``). The policy acts in eval mode; its submodules' modes are restored after."""
         device = self.device if device is None else torch.device(device)
         exploration = self.exploration_kwargs(policy_id) if explore else {}
-        return Policies.act(self.sampling_policy(policy_id, device), obs, device, explore, generator, inputs,
-                            **exploration)
-
-    def is_recurrent(self, policy_id: str = DEFAULT_POLICY_ID) -> bool:
-        """Whether the policy carries a state between steps (``use_lstm``)."""
-        return self.policies.is_recurrent(policy_id)
-
-    def initial_state(self, policy_id: str, n: int) -> Tensor:
-        """A recurrent policy's state at an episode's start for ``n`` envs (CPU)."""
-        return self.policies[policy_id].initial_state(n)
+        return act(self.sampling_policy(policy_id, device), obs, device, explore, generator, inputs, **exploration)
 
     @torch.no_grad()
     def compute_actions(

@@ -56,9 +56,10 @@ from torch import nn
 
 from lightning_rl.batch import BOOTSTRAP, DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
 from lightning_rl.data.base import EnvDataModule, policy_state, rank_seed
-from lightning_rl.data.envs import EnvSpec, close_vector_env, describe_exit_code, make_vector_env, stop_processes
+from lightning_rl.data.envs import EnvSpec, describe_exit_code, make_vector_env, stop_processes
 from lightning_rl.data.multi_agent_fragments import MultiAgentFragmentSampler, split_policy_columns
 from lightning_rl.data.rollout import RolloutDataModule
+from lightning_rl.data.sampler import EnvSampler, ExploringPolicy
 from lightning_rl.nn.recurrent import EPISODE_STARTS, PREV_ACTIONS, PREV_REWARDS, STATE_IN, STATE_OUT
 
 __all__ = ["AsyncSamplingDataModule", "MinibatchBuffer"]
@@ -92,8 +93,8 @@ class MinibatchBuffer:
 
 
 class _Policy:
-    """What a fragment sampler needs of a module, in a worker: the policy's exploring actions
-    (``exploration``: the worker's own keyword arguments, e.g. APEX's per-worker epsilon)."""
+    """What the multi-agent fragment sampler needs of a module, in a worker: the policies'
+    exploring actions (``exploration``: the worker's own keyword arguments)."""
 
     def __init__(self, policy: nn.Module, exploration: dict[str, Any] | None = None) -> None:
         self.policy = policy
@@ -110,12 +111,6 @@ class _Policy:
                        inputs: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
         kwargs = {**(self.exploration if explore else {}), **(inputs or {})}
         return self._policy(policy_id).compute_actions(obs, explore=explore, generator=generator, **kwargs)
-
-    def is_recurrent(self, policy_id: str) -> bool:
-        return bool(getattr(self._policy(policy_id), "recurrent", False))
-
-    def initial_state(self, policy_id: str, n: int) -> torch.Tensor:
-        return self._policy(policy_id).initial_state(n)
 
 
 class FragmentTask:
@@ -201,14 +196,15 @@ def _fragment_columns(policy: nn.Module, dm: RolloutDataModule) -> dict[str, tup
     return cols
 
 
-def _sample_fragment(sampler: Any, task: FragmentTask, policy: nn.Module,
-                     policy_id: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """One fragment, made into a slot's tensors by ``task`` (multi-agent: every policy's columns,
-    ``{"<policy>/<column>": tensor}``, and the agent steps in them)."""
+def _sample_fragment(sampler: Any, task: FragmentTask, policy: nn.Module | None, acting: ExploringPolicy | None,
+                     length: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """One fragment of ``length`` steps (``EnvSampler.fragment``, acted by ``acting``), made into a
+    slot's tensors by ``task`` (multi-agent, a ``MultiAgentFragmentSampler``: every policy's
+    columns, ``{"<policy>/<column>": tensor}``, and the agent steps in them)."""
     if isinstance(sampler, MultiAgentFragmentSampler):
         tensors, agent_steps = sampler.fragment()
         return tensors, {"agent_steps": agent_steps}
-    fragment = sampler.fragment(policy_id)
+    fragment = sampler.fragment(acting, length)
     valid, bootstrap_obs = fragment.pop(VALID), fragment.pop(BOOTSTRAP_OBS)
     # a recurrent policy's inputs after the fragment: where its bootstrap step starts
     inputs = {k: fragment.pop(k) for k in [k for k in fragment if k.startswith(BOOTSTRAP)]}
@@ -218,8 +214,8 @@ def _sample_fragment(sampler: Any, task: FragmentTask, policy: nn.Module,
 
 
 def _worker_main(
-    index: int, seed: int | None, make_sampler: Callable[[int | None], RolloutDataModule], policy: nn.Module,
-    policy_id: str, task: FragmentTask, weights: _SharedWeights, slots: list[dict[str, torch.Tensor]], free: Any,
+    index: int, seed: int | None, make_sampler: Callable[[int | None], Any], length: int, policy: nn.Module,
+    task: FragmentTask, weights: _SharedWeights, slots: list[dict[str, torch.Tensor]], free: Any,
     out: Any, stop: Any, parent_pid: int,
 ) -> None:
     """A sampler process: take a free slot id from ``free``, read the newest weights, sample a
@@ -232,8 +228,12 @@ def _worker_main(
     sampler = None
     try:
         sampler = make_sampler(seed)
-        sampler.connect(_Policy(policy, task.exploration()))  # type: ignore[arg-type]
-        sampler.setup("fit")
+        acting = None
+        if isinstance(sampler, MultiAgentFragmentSampler):
+            sampler.connect(_Policy(policy, task.exploration()))  # type: ignore[arg-type]
+            sampler.setup("fit")
+        else:
+            acting = ExploringPolicy(policy, task.exploration())
         version = -1
         while not stop.is_set() and os.getppid() == parent_pid:
             if not free.poll(_POLL_S * 4):
@@ -241,7 +241,7 @@ def _worker_main(
             slot = free.recv()
             version = weights.read_into(policy, version)
             start = time.perf_counter()
-            tensors, extra = _sample_fragment(sampler, task, policy, policy_id)
+            tensors, extra = _sample_fragment(sampler, task, policy, acting, length)
             buf = slots[slot]
             for key, value in tensors.items():
                 buf[key][: len(value)].copy_(value)
@@ -255,8 +255,8 @@ def _worker_main(
         if isinstance(sampler, MultiAgentFragmentSampler):
             for env in sampler.par_envs:
                 env.close()
-        elif sampler is not None:  # not sampler.close(): it would gather over a forked process group
-            close_vector_env(sampler.envs, terminate=True)
+        elif sampler is not None:
+            sampler.close(terminate=True)
 
 
 class AsyncSamplingDataModule(EnvDataModule):
@@ -357,16 +357,25 @@ class AsyncSamplingDataModule(EnvDataModule):
         return FragmentTask()
 
     # ------------------------------------------------------------ set-up
-    def _sampler(self, seed: int | None) -> RolloutDataModule:
-        return self._sampler_factory()(seed)
+    @property
+    def envs(self) -> Any:
+        """The learner process's own envs with ``num_workers=0`` (the workers' live elsewhere)."""
+        return self._local.envs if self._local is not None and self.num_workers == 0 else None
+
+    def _sampler(self, seed: int | None) -> RolloutDataModule | MultiAgentFragmentSampler:
+        """The learner process's own sampler (``num_workers=0``, and the probe of the columns)."""
+        if self.multi_agent:
+            return self._sampler_factory()(seed)
+        return RolloutDataModule(self.env, self.num_envs, self.rollout_fragment_length, self.vectorization, seed, 1,
+                                 "cpu", self.check_finite)
 
     def _sampler_factory(self) -> Callable[[int | None], Any]:
-        """What makes a fragment sampler from a seed (picklable: the spawn start method)."""
+        """What makes a worker's sampler from a seed (picklable: the spawn start method): the
+        sampling engine, or for a PettingZoo env the multi-agent fragment sampler."""
         if self.multi_agent:
             return functools.partial(MultiAgentFragmentSampler, self.env, self.policy_mapping_fn, self.policy_agents,
                                      self.policy_spaces, self.num_envs, self.rollout_fragment_length)
-        return functools.partial(_new_sampler, self.env, self.num_envs, self.rollout_fragment_length,
-                                 self.vectorization, self.check_finite)
+        return functools.partial(_open_sampler, self.env, self.num_envs, self.vectorization, self.check_finite)
 
     def _worker_policy(self) -> nn.Module:
         """What the workers sample with and the weights broadcast: the policy, or every policy."""
@@ -395,7 +404,6 @@ class AsyncSamplingDataModule(EnvDataModule):
         self._local.connect(self.module)
         if self.num_workers == 0:
             self._local.setup(stage)
-            self.envs = self._local.envs
             return
         self._start_workers()
 
@@ -439,9 +447,9 @@ class AsyncSamplingDataModule(EnvDataModule):
         out_recv, out_send = self._ctx.Pipe(duplex=False)
         process = self._ctx.Process(
             target=_worker_main, name=f"lightning_rl-sampler-{index}", daemon=True,
-            args=(index, self._worker_seed(index, self._restarts[index]), self._sampler_factory(), self._cpu_policy,
-                  self.policy_id, self.task(index), self._weights, self._slots, free_recv, out_send, self._stop,
-                  os.getpid()),
+            args=(index, self._worker_seed(index, self._restarts[index]), self._sampler_factory(),
+                  self.rollout_fragment_length, self._cpu_policy, self.task(index), self._weights, self._slots,
+                  free_recv, out_send, self._stop, os.getpid()),
         )
         process.start()
         free_recv.close()  # the worker's ends live in the worker now
@@ -512,10 +520,14 @@ class AsyncSamplingDataModule(EnvDataModule):
         assert self._local is not None and self.module is not None
         start = time.perf_counter()
         version = int(self.module.counters["num_iterations"])
-        policy = None if self.multi_agent else self.module.sampling_policy(self.policy_id, torch.device("cpu"))
+        policy = acting = None
+        if not self.multi_agent:
+            policy = self.module.sampling_policy(self.policy_id, torch.device("cpu"))
+            acting = ExploringPolicy(policy, self.module.exploration_kwargs(self.policy_id))
+        sampler = self._local if self.multi_agent else self._local.sampler
         fragments = []
         for _ in range(self.fragments_per_batch):
-            tensors, extra = _sample_fragment(self._local, self.task(0), policy, self.policy_id)
+            tensors, extra = _sample_fragment(sampler, self.task(0), policy, acting, self.rollout_fragment_length)
             fragments.append(_Fragment(tensors, version, 0, extra))
         info = self._local.episode_info()
         info["sample_time_s"] = time.perf_counter() - start
@@ -683,7 +695,6 @@ class AsyncSamplingDataModule(EnvDataModule):
             self._workers = []
         if self._local is not None:
             self._local.close(terminate)  # keeps what a checkpoint saved after fit must hold
-        self.envs = None
         self._active = False
 
     def state_dict(self) -> dict[str, Any]:
@@ -713,7 +724,10 @@ def _cpu_copy(policy: nn.Module) -> nn.Module:
     return copy.deepcopy(policy).cpu().eval()
 
 
-def _new_sampler(env: EnvSpec, num_envs: int, rollout_fragment_length: int, vectorization: str,
-                 check_finite: bool, seed: int | None) -> RolloutDataModule:
-    """A fragment sampler (a worker's, or the learner's own with ``num_workers=0``)."""
-    return RolloutDataModule(env, num_envs, rollout_fragment_length, vectorization, seed, 1, "cpu", check_finite)
+def _open_sampler(env: EnvSpec, num_envs: int, vectorization: str, check_finite: bool,
+                  seed: int | None) -> EnvSampler:
+    """A worker's sampling engine, its envs reset (env ``j`` seeded ``seed + j``)."""
+    sampler = EnvSampler(env, num_envs, vectorization, seed, "cpu", check_finite)
+    sampler.open()
+    sampler.reset(seed)
+    return sampler

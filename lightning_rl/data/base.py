@@ -1,74 +1,27 @@
-"""EnvDataModule: what every env-owning DataModule shares (envs, seeds, the module door, episodes)."""
+"""EnvDataModule: the Lightning adapter of a sampler (the module door, per-rank checkpoint state,
+the dataset of iterations); the envs themselves are the sampling engine's (``sampler.py``)."""
 
 from __future__ import annotations
 
-import contextlib
 import warnings
 from collections.abc import Iterator
-from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
-import numpy as np
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.trainer.states import TrainerStatus
-from torch import nn
 from torch.utils.data import DataLoader, IterableDataset
 
 from lightning_rl.batch import MultiAgentBatch
 from lightning_rl.checkpoint import pack_rank_states, unpack_rank_state
-from lightning_rl.data.env_state import UnsupportedEnvState, capture_env_state, restore_env_state
-from lightning_rl.data.envs import (
-    EnvSpec,
-    close_vector_env,
-    make_vector_env,
-    reset_vector_env,
-    resolve_vectorization,
-    step_vector_env,
-)
+from lightning_rl.data.envs import EnvSpec, resolve_vectorization
+from lightning_rl.data.sampler import EnvSampler, eval_mode, new_generator, policy_state, rank_seed
+
+__all__ = ["EnvDataModule", "eval_mode", "new_generator", "policy_state", "rank_seed"]
 
 if TYPE_CHECKING:
     from lightning_rl.algorithms.base import Algorithm
-
-def rank_seed(seed: int | None, rank: int) -> int | None:
-    """Distinct env seeds per DDP rank (``seed + 1000 * rank``)."""
-    return None if seed is None else seed + 1000 * rank
-
-
-def new_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
-    """A ``torch.Generator`` on ``device`` (where the random numbers are drawn), seeded with
-    ``seed``, or from OS entropy when ``seed`` is None (a fresh generator alone always starts
-    from the same fixed seed)."""
-    generator = torch.Generator(device=device)
-    if seed is None:
-        generator.seed()
-    else:
-        generator.manual_seed(seed)
-    return generator
-
-
-def policy_state(policy: nn.Module) -> list[torch.Tensor]:
-    """Every tensor a policy computes with, in a fixed order: its parameters, then its buffers
-    (BatchNorm statistics, observation normalizers; non-persistent ones too). What a copy of
-    the policy that acts elsewhere (a sampler worker, another device) must receive."""
-    return [*policy.parameters(), *policy.buffers()]
-
-
-@contextlib.contextmanager
-def eval_mode(module: nn.Module) -> Iterator[None]:
-    """Run ``module`` in eval mode (Dropout off, BatchNorm reading its running statistics
-    without updating them), then give every submodule back the mode it had: acting is eval
-    mode everywhere, the learner trains in the modes it set."""
-    training = [m for m in module.modules() if m.training]
-    if training:
-        module.eval()
-    try:
-        yield
-    finally:
-        for m in training:
-            m.training = True
-
 
 class _Iterations(IterableDataset):
     """``iterations_per_epoch`` batches per epoch; env state carries across epochs."""
@@ -137,11 +90,19 @@ class EnvDataModule(pl.LightningDataModule):
         self.sampling_device = torch.device(sampling_device)
         self.check_finite = check_finite
         self.module: Algorithm | None = None
-        self.envs: gym.vector.VectorEnv | None = None
-        self.generator = new_generator(seed, self.sampling_device)
+        self.sampler = EnvSampler(env, num_envs, vectorization, seed, self.sampling_device, check_finite)
         self.rank = 0
-        self._steps = 0  # vector-env steps taken by this process (each env's own step count)
         self._state_at_teardown: dict[str, Any] = {}
+
+    @property
+    def envs(self) -> gym.vector.VectorEnv | None:
+        """The sampler's vector env (``None`` before ``setup`` and after ``teardown``)."""
+        return self.sampler.envs
+
+    @property
+    def generator(self) -> torch.Generator:
+        """The action-sampling generator (seeded ``seed + 1000 * rank`` at ``setup``)."""
+        return self.sampler.generator
 
     def connect(self, module: Algorithm) -> None:
         """The one door through which the DataModule learns the policy it samples with."""
@@ -155,24 +116,12 @@ class EnvDataModule(pl.LightningDataModule):
         if self.envs is not None:
             return
         self.rank = self.trainer.global_rank if self.trainer is not None else 0
-        self.envs = make_vector_env(self.env, self.num_envs, self.vectorization)
+        if self.trainer is not None and self.trainer.world_size > 1:
+            self.sampler.where = f" on rank {self.rank}"
+        self.sampler.open()
         self.module.check_spaces(self.envs.single_observation_space, self.envs.single_action_space)
-        action_space = self.envs.single_action_space
-        self._clip = (action_space.low, action_space.high) if isinstance(action_space, gym.spaces.Box) else None
-        self._float_obs = np.issubdtype(self.envs.single_observation_space.dtype or np.int64, np.floating)
-        self._steps = 0
-        self._reset(rank_seed(self.seed, self.rank))
+        self.sampler.reset(rank_seed(self.seed, self.rank))
         self.on_envs_ready()
-
-    def _reset(self, seed: int | None) -> None:
-        if seed is not None:
-            self.generator.manual_seed(seed)
-            self.envs.action_space.seed(seed)
-        self._obs, _ = reset_vector_env(self.envs, seed=seed)
-        self._prev_done = np.zeros(self.num_envs, dtype=bool)
-        self._episodes_seen = self.envs.episode_count
-        if self.check_finite and self._float_obs:
-            self._check_finite("observation", self._obs)
 
     def on_envs_ready(self) -> None:
         """Subclass hook: envs are built and reset (allocate buffers here)."""
@@ -190,18 +139,7 @@ class EnvDataModule(pl.LightningDataModule):
 
     def local_state(self) -> dict[str, Any]:
         """This process's sampler state (plain tensors and values)."""
-        try:
-            envs = capture_env_state(self.envs)
-        except UnsupportedEnvState as err:  # async envs (other processes), C-extension state ...
-            envs = {"unsupported": str(err)}
-        return {
-            "generator": self.generator.get_state(),
-            "envs": envs,
-            "obs": torch.from_numpy(np.array(self._obs)),
-            "prev_done": torch.from_numpy(self._prev_done.copy()),
-            "episodes_seen": int(self._episodes_seen),
-            "steps": self._steps,
-        }
+        return self.sampler.local_state()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore this rank's part of ``state_dict``; call after ``setup``. Envs whose state
@@ -215,21 +153,15 @@ class EnvDataModule(pl.LightningDataModule):
             steps = int(state["ranks"][0]["steps"]) if state.get("ranks") else 0
             self.restart_episodes(rank_seed(self.seed, self.rank), steps)
             return
-        self.generator.set_state(mine["generator"])
-        self._steps = int(mine["steps"])
-        if "unsupported" in mine["envs"]:
+        if not self.sampler.load_local_state(mine):
             warnings.warn(
                 f"the checkpoint holds no env state of {self.env!r} ({mine['envs']['unsupported']}): the envs were "
                 "reset and the run continues from fresh, re-seeded episodes, so it will not match an uninterrupted "
                 "run exactly",
                 stacklevel=2,
             )
-            self.restart_episodes(rank_seed(self.seed, self.rank), self._steps)
+            self.restart_episodes(rank_seed(self.seed, self.rank), self.sampler.steps)
             return
-        restore_env_state(self.envs, mine["envs"])
-        self._obs = mine["obs"].numpy().copy()
-        self._prev_done = mine["prev_done"].numpy().copy()
-        self._episodes_seen = int(mine["episodes_seen"])
         self.load_local_state(mine)
 
     def load_local_state(self, state: dict[str, Any]) -> None:
@@ -238,7 +170,7 @@ class EnvDataModule(pl.LightningDataModule):
     def restart_episodes(self, seed: int | None, offset: int) -> None:
         """Reset every env to a fresh episode (seeded by ``seed + offset``), when their state
         could not be restored."""
-        self._reset(None if seed is None else seed + offset)
+        self.sampler.reset(None if seed is None else seed + offset)
         self.on_envs_reset()
 
     def on_envs_reset(self) -> None:
@@ -266,46 +198,12 @@ class EnvDataModule(pl.LightningDataModule):
             if not terminate:
                 raise
             self._state_at_teardown = {}
-        envs, self.envs = self.envs, None
-        close_vector_env(envs, terminate=terminate)
+        self.sampler.close(terminate)
 
     def sample(self) -> MultiAgentBatch:
         """The next iteration's batch."""
         raise NotImplementedError
 
-    def step_envs(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """One vector-env step. Returns ``(obs, rewards, terminateds, truncateds, valid)`` where
-        ``obs`` is what the actions were taken in and ``valid`` is False for the reset steps
-        of gymnasium's next-step autoreset (the step after an episode end only resets)."""
-        obs = self._obs
-        if self._clip is not None:
-            actions = np.clip(actions, *self._clip)
-        self._obs, rewards, terminateds, truncateds, _ = step_vector_env(self.envs, actions)
-        self._steps += 1
-        if self.check_finite:
-            self._check_finite("reward", rewards)
-            if self._float_obs:
-                self._check_finite("observation", self._obs)
-        valid = ~self._prev_done
-        self._prev_done = terminateds | truncateds
-        return obs, rewards, terminateds, truncateds, valid
-
-    def _check_finite(self, field: str, values: np.ndarray) -> None:
-        finite = np.isfinite(values).reshape(self.num_envs, -1).all(axis=1)
-        if finite.all():
-            return
-        env = int(np.flatnonzero(~finite)[0])
-        where = f" on rank {self.rank}" if self.trainer is not None and self.trainer.world_size > 1 else ""
-        raise ValueError(
-            f"env {env} of {self.num_envs} ({self.env!r}){where} returned a non-finite {field} at its env step "
-            f"{self._steps}: {values[env]!r}. Fix the env, or pass check_finite=False to train on it anyway"
-        )
-
     def episode_info(self) -> dict[str, Any]:
         """Returns and lengths of the episodes that ended since the last call."""
-        stats = self.envs  # the EpisodeStatistics wrapper (data/envs.py)
-        new = min(stats.episode_count - self._episodes_seen, len(stats.return_queue))
-        self._episodes_seen = stats.episode_count
-        returns = [float(r) for r in islice(reversed(stats.return_queue), new)][::-1]
-        lengths = [int(n) for n in islice(reversed(stats.length_queue), new)][::-1]
-        return {"episode_returns": returns, "episode_lengths": lengths}
+        return self.sampler.episode_info()

@@ -133,6 +133,11 @@ class MultiAgentEnvDataModule(EnvDataModule):
         self.par_envs: list[Any] = []
 
     # ------------------------------------------------------------ envs
+    @property
+    def envs(self) -> list[Any] | None:  # type: ignore[override]
+        """The PettingZoo envs (``None`` before ``setup`` and after ``teardown``)."""
+        return self.par_envs or None
+
     def setup(self, stage: str) -> None:
         if self.module is None and self.trainer is not None:
             self.connect(self.trainer.lightning_module)
@@ -153,7 +158,6 @@ class MultiAgentEnvDataModule(EnvDataModule):
         self._lengths = [0] * self.num_envs
         self._reset_pending = [False] * self.num_envs
         self._ended: list[tuple[float, int, dict[str, float]]] = []
-        self.envs = self.par_envs  # what "set up" means to the base class
         self.on_envs_ready()
 
     def close(self, terminate: bool = False) -> None:
@@ -168,7 +172,6 @@ class MultiAgentEnvDataModule(EnvDataModule):
         for env in self.par_envs:
             env.close()
         self.par_envs = []
-        self.envs = None
 
     # ------------------------------------------------------------ checkpoints
     def local_state(self) -> dict[str, Any]:

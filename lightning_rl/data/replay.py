@@ -11,6 +11,7 @@ from lightning_rl.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
 from lightning_rl.data.base import EnvDataModule, rank_seed
 from lightning_rl.data.envs import EnvSpec
 from lightning_rl.data.replay_buffer import PrioritizedReplayBuffer, ReplayBuffer
+from lightning_rl.data.sampler import ExploringPolicy
 
 
 class ReplayDataModule(EnvDataModule):
@@ -104,15 +105,16 @@ class ReplayDataModule(EnvDataModule):
         assert self.module is not None and self.envs is not None, "call setup() first"
         start = time.perf_counter()
         agent_steps = 0
+        policy = ExploringPolicy(self.module.sampling_policy(policy_id, self.sampling_device),
+                                 self.module.exploration_kwargs(policy_id), self.sampling_device)
         with torch.inference_mode():
             for _ in range(self.train_freq):
                 if self.env_steps < self.learning_starts:
                     actions = self.envs.action_space.sample()
                 else:
-                    out = self.module.policy_outputs(torch.tensor(self._obs), policy_id, explore=True,
-                                                     generator=self.generator, device=self.sampling_device)
+                    out = policy.act(torch.tensor(self.sampler.obs), self.generator, {})
                     actions = out[SampleBatch.ACTIONS].cpu().numpy()
-                obs, rewards, terminateds, truncateds, valid = self.step_envs(actions)
+                obs, rewards, terminateds, truncateds, valid = self.sampler.step(actions)
                 self.buffer.add(obs, actions, rewards, terminateds, truncateds, valid)
                 agent_steps += int(valid.sum())
                 self.env_steps += self.num_envs
