@@ -37,6 +37,9 @@ from torch import Tensor
 
 DEFAULT_POLICY_ID = "default_policy"
 BOOTSTRAP = "bootstrap_"  # prefix of a fragment's [N] columns: what is read after its last step
+# what a recurrent policy reads besides the observation (and returns: state_out), per step
+STATE_IN, STATE_OUT, EPISODE_STARTS = "state_in", "state_out", "episode_starts"
+PREV_ACTIONS, PREV_REWARDS = "prev_actions", "prev_rewards"
 
 _Index = slice | Tensor | np.ndarray | Sequence[int]
 

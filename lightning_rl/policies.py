@@ -2,7 +2,7 @@
 their sampling copies and the one action path that samplers, evaluation and users share.
 
 ``Policies`` is the ``nn.ModuleDict`` an algorithm keeps as ``self.policies`` (so checkpoints
-hold ``policies.<policy id>.*`` weights); it knows nothing of Lightning.
+hold ``policies.<policy id>.*`` weights); it uses no Lightning API.
 """
 
 from __future__ import annotations
@@ -16,12 +16,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from lightning_rl.batch import DEFAULT_POLICY_ID
+from lightning_rl.batch import DEFAULT_POLICY_ID, EPISODE_STARTS, PREV_ACTIONS, PREV_REWARDS, STATE_IN, STATE_OUT
 from lightning_rl.data.envs import EnvSpec, env_spaces
 from lightning_rl.data.multi_agent import agent_spaces, policy_spaces
 from lightning_rl.data.sampler import policy_state
 from lightning_rl.data.spaces import flatten_observation, flatten_observation_space, is_raw_observation, is_structured
-from lightning_rl.nn.recurrent import EPISODE_STARTS, PREV_ACTIONS, PREV_REWARDS, STATE_IN, STATE_OUT
 
 # agent id -> policy id: any callable, or a table (plain data, so checkpoints and YAML hold it)
 PolicyMapping = dict[str, str] | Callable[[str], str]

@@ -310,6 +310,9 @@ def test_workers_start_with_spawn_when_cuda_is_initialised(algo, monkeypatch):
     }[algo]()
     quiet_trainer(max_epochs=-1).fit(model)
     assert model.default_datamodule._ctx.get_start_method() == "spawn"
-    # A3C applies one or two packets (20 env steps each) per iteration; the others 5 iterations
-    done = model.counters["num_grad_updates"] if algo == "A3C" else model.counters["num_iterations"]
-    assert done == 5 and model.counters["num_grad_updates"] > 0
+    # the others run 5 iterations; A3C applies the packets (20 env steps each) that are ready, one
+    # or two per iteration, so the iteration that crosses the 100-step budget may apply a sixth
+    if algo == "A3C":
+        assert model.counters["num_grad_updates"] in (5, 6)
+    else:
+        assert model.counters["num_iterations"] == 5 and model.counters["num_grad_updates"] > 0

@@ -111,3 +111,41 @@ def test_the_data_layer_imports_no_algorithm():
     leaks = {m: sorted(d for d in deps if d.startswith("lightning_rl.algorithms"))
              for m, deps in graph.items() if m.startswith("lightning_rl.data")}
     assert {m: d for m, d in leaks.items() if d} == {}
+
+
+def _third_party(path: Path) -> set[str]:
+    """Top-level names of the non-``lightning_rl`` modules ``path`` imports (TYPE_CHECKING left out)."""
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _type_checking(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module.split(".")[0])
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text()))
+    return found - {"lightning_rl"}
+
+
+def test_the_sampling_engine_knows_no_lightning():
+    """``data/sampler.py`` and every ``lightning_rl`` module it reaches import neither Lightning
+    nor an algorithm (the package ``__init__`` files Python runs first aside)."""
+    graph = import_graph()
+    reached, todo = set(), ["lightning_rl.data.sampler"]
+    while todo:
+        module = todo.pop()
+        if module not in reached:
+            reached.add(module)
+            todo.extend(graph[module])
+    assert "lightning_rl.data.envs" in reached  # the graph was followed
+    paths = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    lightning = {m: sorted(_third_party(paths[m]) & {"pytorch_lightning", "lightning", "lightning_fabric"})
+                 for m in reached}
+    assert {m: d for m, d in lightning.items() if d} == {}
+    assert not any(m.startswith("lightning_rl.algorithms") for m in reached)

@@ -10,14 +10,22 @@ import torch
 from torch import Tensor, nn
 
 from lightning_rl.algorithms.base import Algorithm
-from lightning_rl.batch import BOOTSTRAP, MultiAgentBatch, SampleBatch
+from lightning_rl.batch import (
+    BOOTSTRAP,
+    EPISODE_STARTS,
+    PREV_ACTIONS,
+    PREV_REWARDS,
+    STATE_IN,
+    MultiAgentBatch,
+    SampleBatch,
+)
 from lightning_rl.data.async_sampling import AsyncSamplingDataModule
 from lightning_rl.data.envs import EnvSpec
 from lightning_rl.functional import explained_variance, masked_mean, vtrace
 from lightning_rl.learner_info import LEARNER_STATS_KEY, LearnerInfoBuilder
 from lightning_rl.nn.encoders import Activation, EncoderSpec
 from lightning_rl.nn.models import ActorCritic
-from lightning_rl.nn.recurrent import EPISODE_STARTS, PREV_ACTIONS, PREV_REWARDS, STATE_IN, RecurrentActorCritic
+from lightning_rl.nn.recurrent import RecurrentActorCritic
 from lightning_rl.policies import PolicyMapping
 from lightning_rl.settings import Schedule, check_gamma, check_positive, resolve_schedule
 from lightning_rl.update import call, policy_loss

@@ -10,7 +10,16 @@ import torch
 from torch import Tensor
 
 from lightning_rl.algorithms.base import Algorithm
-from lightning_rl.batch import BOOTSTRAP, DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
+from lightning_rl.batch import (
+    BOOTSTRAP,
+    DEFAULT_POLICY_ID,
+    EPISODE_STARTS,
+    PREV_ACTIONS,
+    PREV_REWARDS,
+    STATE_IN,
+    MultiAgentBatch,
+    SampleBatch,
+)
 from lightning_rl.data.base import eval_mode
 from lightning_rl.data.envs import EnvSpec
 from lightning_rl.data.multi_agent import BOOTSTRAP_MASK, SEGMENT_LENGTHS, MultiAgentRolloutDataModule
@@ -21,7 +30,7 @@ from lightning_rl.functional import gae_batch, gae_segments, gae_sequences, mome
 from lightning_rl.learner_info import LEARNER_STATS_KEY, LearnerInfoBuilder
 from lightning_rl.nn.encoders import Activation, EncoderSpec
 from lightning_rl.nn.models import ActorCritic, preprocess_obs
-from lightning_rl.nn.recurrent import EPISODE_STARTS, PREV_ACTIONS, PREV_REWARDS, STATE_IN, RecurrentActorCritic
+from lightning_rl.nn.recurrent import RecurrentActorCritic
 from lightning_rl.policies import PolicyMapping
 from lightning_rl.settings import Schedule, check_gamma, check_positive, resolve_schedule
 from lightning_rl.update import call, policy_loss

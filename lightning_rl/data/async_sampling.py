@@ -54,13 +54,22 @@ import torch
 import torch.multiprocessing as mp
 from torch import nn
 
-from lightning_rl.batch import BOOTSTRAP, DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
+from lightning_rl.batch import (
+    BOOTSTRAP,
+    DEFAULT_POLICY_ID,
+    EPISODE_STARTS,
+    PREV_ACTIONS,
+    PREV_REWARDS,
+    STATE_IN,
+    STATE_OUT,
+    MultiAgentBatch,
+    SampleBatch,
+)
 from lightning_rl.data.base import EnvDataModule, policy_state, rank_seed
 from lightning_rl.data.envs import EnvSpec, describe_exit_code, make_vector_env, stop_processes
 from lightning_rl.data.multi_agent_fragments import MultiAgentFragmentSampler, split_policy_columns
 from lightning_rl.data.rollout import RolloutDataModule
 from lightning_rl.data.sampler import EnvSampler, ExploringPolicy
-from lightning_rl.nn.recurrent import EPISODE_STARTS, PREV_ACTIONS, PREV_REWARDS, STATE_IN, STATE_OUT
 
 __all__ = ["AsyncSamplingDataModule", "MinibatchBuffer"]
 

@@ -19,10 +19,17 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from lightning_rl.batch import BOOTSTRAP, SampleBatch
+from lightning_rl.batch import (
+    BOOTSTRAP,
+    EPISODE_STARTS,
+    PREV_ACTIONS,
+    PREV_REWARDS,
+    STATE_IN,
+    STATE_OUT,
+    SampleBatch,
+)
 from lightning_rl.data.env_state import UnsupportedEnvState, capture_env_state, restore_env_state
 from lightning_rl.data.envs import EnvSpec, close_vector_env, make_vector_env, reset_vector_env, step_vector_env
-from lightning_rl.nn.recurrent import EPISODE_STARTS, PREV_ACTIONS, PREV_REWARDS, STATE_IN, STATE_OUT
 
 
 def rank_seed(seed: int | None, rank: int) -> int | None:

@@ -21,9 +21,6 @@ from lightning_rl.nn.models import ActorCritic, _init_linear, orthogonal_, prepr
 
 __all__ = ["RecurrentActorCritic"]
 
-STATE_IN, STATE_OUT, EPISODE_STARTS = "state_in", "state_out", "episode_starts"
-PREV_ACTIONS, PREV_REWARDS = "prev_actions", "prev_rewards"
-
 
 class RecurrentActorCritic(ActorCritic):
     """``ActorCritic`` with an LSTM cell of ``lstm_cell_size`` after each encoder (whose input
