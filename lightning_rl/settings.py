@@ -3,6 +3,8 @@ and what of them a checkpoint saves."""
 
 from __future__ import annotations
 
+import inspect
+import re
 from collections.abc import Sequence
 from itertools import pairwise
 from typing import Any
@@ -56,3 +58,122 @@ def plain_hyperparameters(init_args: dict[str, Any], ignore: list[str]) -> dict[
     as_data = {k: v for k, v in as_data.items() if not callable(v)}
     callables = {k: v for k, v in init_args.items() if callable(v) and k not in ignore and k not in as_data}
     return {**as_data, **{k: callable_placeholder(v) for k, v in callables.items()}}
+
+
+# The one-line description of each setting several algorithms take, declared here once: an
+# algorithm's own docstring lists only the settings it describes otherwise or alone, and
+# ``document_settings`` writes the whole ``Args:`` section (``help(PPO)``, ``--model.help PPO``).
+SETTINGS: dict[str, str] = {
+    "env": (
+        'gymnasium id (``"module:Id"`` imports ``module`` first) or a callable returning an Env or a '
+        'PettingZoo env.'
+    ),
+    "env_kwargs": "keyword arguments for every env made (training, evaluation, ``record``), kept in checkpoints.",
+    "num_envs": "envs stepped in parallel (per process under DDP).",
+    "rollout_fragment_length": "env steps per env per iteration (the train batch: ``num_envs`` times this).",
+    "total_env_steps": "stop ``fit`` once this many env steps were sampled (over DDP ranks); ``None``: Trainer limits.",
+    "iterations_per_epoch": "training iterations per Lightning epoch: the cadence of checkpoints and validation.",
+    "seed": "seeds network init, sampling, shuffling and envs (``seed + 1000 * rank``); ``None``: random.",
+    "vectorization": "``auto`` (the env's own vector env, if any), ``sync``, ``async`` or ``vector_entry_point``.",
+    "sampling_device": "device the policy acts on while sampling (the CPU beats a GPU round trip for small MLPs).",
+    "num_cpu_threads": "torch intra-op threads during ``fit`` (restored after); ``None`` leaves torch's setting alone.",
+    "cpu_affinity": "under DDP on CPU, pin each local rank to its own share of the CPUs during ``fit`` (Linux).",
+    "evaluation_interval": "epochs between greedy evaluations (Lightning validation, ``val/*``); ``None``: none.",
+    "evaluation_num_episodes": "greedy episodes per evaluation (validation and test), one per env.",
+    "check_finite": "raise on a NaN or infinite reward or observation, naming the field, the env and its step.",
+    "compile": "run each update step as compiled graphs (same results up to rounding; else eager, with a warning).",
+    "lr": "Adam's learning rate.",
+    "lr_schedule": "``constant``/``None``, ``linear`` (to 0 at ``total_env_steps``) or ``[[env_step, lr], ...]``.",
+    "gamma": "discount factor in (0, 1].",
+    "lambda_": "GAE's lambda in [0, 1].",
+    "grad_clip": "maximum global norm of the gradients (``None``: no clipping).",
+    "standardize_fields": "batch columns standardized per policy batch before SGD: ``(x - mean) / max(1e-4, std)``.",
+    "hiddens": "MLP layer sizes of the policy and of the value network (after ``encoder``).",
+    "activation": "the MLP's activation: a name such as ``tanh``, an import path or an ``nn.Module`` class.",
+    "vf_share_layers": "one MLP trunk for the policy and the value function (else two separate networks).",
+    "log_std_init": "initial log standard deviation of the Gaussian policy (``Box`` actions).",
+    "vf_loss_coeff": "weight of the value loss.",
+    "entropy_coeff": "weight of the entropy bonus.",
+    "policies": "multi-agent: policy ids, or ``{id: per-policy settings such as hiddens}``.",
+    "policy_mapping_fn": "multi-agent: agent id -> policy id, a callable or an ``{agent: policy}`` table.",
+    "policies_to_train": "multi-agent: the policies that learn (``None``: all).",
+    "count_steps_by": (
+        "``env_steps`` or ``agent_steps``: what the train batch, ``total_env_steps`` and schedules count."
+    ),
+    "use_lstm": "a recurrent policy: an LSTM cell after each MLP encoder.",
+    "lstm_cell_size": "size of the LSTM cell (``use_lstm``).",
+    "max_seq_len": "steps per training sequence; divides ``rollout_fragment_length``, at most ``sgd_minibatch_size``.",
+    "lstm_use_prev_action": "feed the previous action (one-hot for ``Discrete``) to the LSTM.",
+    "lstm_use_prev_reward": "feed the previous reward to the LSTM.",
+    "encoder": "network before the MLP: an ``nn.Module`` class or factory of the observation space, or an import path.",
+    "normalize_observations": "standardize observations by running statistics kept in the policy.",
+    "observation_clip": "clip standardized observations to +- this (``None``: no clip).",
+    "normalize_rewards": "divide rewards by the running std of the discounted return.",
+    "reward_clip": "clip normalized rewards to +- this (``None``: no clip).",
+    "num_workers": "sampler processes (per rank under DDP); 0 samples in the learner process.",
+    "sampler_timeout_s": "seconds the learner waits for data before it raises.",
+    "restart_failed_workers": "restart a worker that died (with a new seed) instead of raising.",
+    "learner_queue_size": "fragments that may wait for the learner.",
+    "broadcast_interval": "training iterations between weight broadcasts to the workers.",
+    "max_policy_lag": "drop (and count) fragments sampled over this many iterations before training (``None``: keep).",
+    "buffer_size": "replay capacity in transitions (per process).",
+    "learning_starts": "env steps (per process) of uniform random actions before learning starts.",
+    "num_gradient_steps": "gradient steps per iteration (with ``train_freq``: the replay ratio).",
+    "train_batch_size": "replayed rows per gradient step.",
+    "n_step": "steps summed into each target (truncation ends the window but still bootstraps).",
+    "double_q": "pick the bootstrap action with the online network (double DQN).",
+    "dueling": "dueling heads, ``Q = V + A - mean(A)``.",
+    "prioritized_replay_alpha": "priority exponent (0: uniform replay).",
+    "prioritized_replay_beta": "importance-weight exponent at the start, annealed to 1 over ``total_env_steps``.",
+    "prioritized_replay_eps": "added to each ``|td_error|`` so that no priority is 0.",
+    "checkpoint_replay_buffer": "keep the replay buffer in checkpoints (exact resume).",
+    "num_sgd_iter": "training iterations each batch is used for (the reference's ``num_passes``).",
+    "minibatch_buffer_size": "batches handed out round robin, each ``num_sgd_iter`` times.",
+    "sgd_minibatch_size": "env steps per gradient step, in whole env columns shuffled each pass (``None``: one step).",
+    "vtrace_clip_rho_threshold": "V-trace's clip of the importance ratio in the value targets (``None``: no clip).",
+    "vtrace_clip_pg_rho_threshold": (
+        "V-trace's clip of the importance ratio in the policy gradient (``None``: no clip)."
+    ),
+    "train_freq": "env steps per env sampled into the replay per iteration.",
+    "prioritized_replay": "proportional prioritized replay (a sum tree) with importance weights.",
+}
+
+_ENTRY = re.compile(r"^(\s+)(\w+): (.*)$")
+
+
+def document_settings(cls: type) -> None:
+    """Rewrite ``cls.__doc__``'s ``Args:`` section to describe every parameter of ``cls.__init__``
+    in signature order: its own line where the docstring has one, else ``SETTINGS``' line.
+    Parameters described nowhere are left out (a user's subclass may not document its own)."""
+    doc = cls.__doc__ or ""
+    lines = doc.split("\n")
+    start = next((i for i, line in enumerate(lines) if line.strip() == "Args:"), None)
+    own: dict[str, str] = {}
+    if start is None:
+        indent = "    "
+        while lines and not lines[-1].strip():
+            lines.pop()
+        head, tail = [*lines, ""], []
+        start = len(head)
+        head.append(indent + "Args:")
+    else:
+        indent = lines[start][: len(lines[start]) - len(lines[start].lstrip())]
+        head, end, name = lines[: start + 1], start + 1, None
+        entry = indent + "    "
+        while end < len(lines):
+            line = lines[end]
+            match = _ENTRY.match(line)
+            if match and match.group(1) == entry:
+                name = match.group(2)
+                own[name] = match.group(3).strip()
+            elif name is not None and line.startswith(entry + " ") and line.strip():
+                own[name] += " " + line.strip()  # a continuation line
+            else:
+                break
+            end += 1
+        tail = lines[end:]
+    params = [p.name for p in inspect.signature(cls.__init__).parameters.values()
+              if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    entries = [f"{indent}    {p}: {own.get(p) or SETTINGS[p]}" for p in params if own.get(p) or p in SETTINGS]
+    entries += [f"{indent}    {p}: {text}" for p, text in own.items() if p not in params]  # documented elsewhere
+    cls.__doc__ = "\n".join([*head, *entries, *tail])

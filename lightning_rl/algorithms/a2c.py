@@ -26,48 +26,8 @@ class A2C(OnPolicyModule):
         pg_loss = -mean(log pi(a|s) * advantage)
 
     Args:
-        env: gymnasium id (``"module:Id"`` imports ``module`` first) or a callable returning an Env or a PettingZoo env.
-        env_kwargs: keyword arguments for every env made (training, evaluation, ``record``), kept in checkpoints.
-        num_envs: envs stepped in parallel (per process under DDP).
-        rollout_fragment_length: env steps per env per iteration (the train batch: ``num_envs`` times this).
-        total_env_steps: stop ``fit`` once this many env steps were sampled (over DDP ranks); ``None``: Trainer limits.
-        iterations_per_epoch: training iterations per Lightning epoch: the cadence of checkpoints and validation.
-        seed: seeds network init, sampling, shuffling and envs (``seed + 1000 * rank``); ``None``: random.
-        vectorization: ``auto`` (the env's own vector env, if any), ``sync``, ``async`` or ``vector_entry_point``.
-        sampling_device: device the policy acts on while sampling (the CPU beats a GPU round trip for small MLPs).
-        num_cpu_threads: torch intra-op threads during ``fit`` (restored after); ``None`` leaves torch's setting alone.
-        cpu_affinity: under DDP on CPU, pin each local rank to its own share of the CPUs during ``fit`` (Linux).
-        evaluation_interval: epochs between greedy evaluations (Lightning validation, ``val/*``); ``None``: none.
-        evaluation_num_episodes: greedy episodes per evaluation (validation and test), one per env.
-        check_finite: raise on a NaN or infinite reward or observation, naming the field, the env and its step.
-        compile: run each update step as compiled graphs (same results up to rounding; else eager, with a warning).
         lr: learning rate of the ``optimizer``.
-        lr_schedule: ``constant``/``None``, ``linear`` (to 0 at ``total_env_steps``) or ``[[env_step, lr], ...]``.
-        gamma: discount factor in (0, 1].
-        lambda_: GAE's lambda in [0, 1].
-        grad_clip: maximum global norm of the gradients (``None``: no clipping).
-        standardize_fields: batch columns standardized per policy batch before SGD: ``(x - mean) / max(1e-4, std)``.
-        hiddens: MLP layer sizes of the policy and of the value network (after ``encoder``).
-        activation: the MLP's activation: a name such as ``tanh``, an import path or an ``nn.Module`` class.
-        vf_share_layers: one MLP trunk for the policy and the value function (else two separate networks).
-        log_std_init: initial log standard deviation of the Gaussian policy (``Box`` actions).
-        vf_loss_coeff: weight of the value loss.
-        entropy_coeff: weight of the entropy bonus.
         optimizer: ``rmsprop`` (alpha 0.99, eps 1e-5, as in the paper's code) or ``adam``.
-        policies: multi-agent: policy ids, or ``{id: per-policy settings such as hiddens}``.
-        policy_mapping_fn: multi-agent: agent id -> policy id, a callable or an ``{agent: policy}`` table.
-        policies_to_train: multi-agent: the policies that learn (``None``: all).
-        count_steps_by: ``env_steps`` or ``agent_steps``: what the train batch, ``total_env_steps`` and schedules count.
-        use_lstm: a recurrent policy: an LSTM cell after each MLP encoder.
-        lstm_cell_size: size of the LSTM cell (``use_lstm``).
-        max_seq_len: steps per training sequence; divides ``rollout_fragment_length``, at most ``sgd_minibatch_size``.
-        lstm_use_prev_action: feed the previous action (one-hot for ``Discrete``) to the LSTM.
-        lstm_use_prev_reward: feed the previous reward to the LSTM.
-        encoder: network before the MLP: an ``nn.Module`` class or factory of the observation space, or an import path.
-        normalize_observations: standardize observations by running statistics kept in the policy.
-        observation_clip: clip standardized observations to +- this (``None``: no clip).
-        normalize_rewards: divide rewards by the running std of the discounted return.
-        reward_clip: clip normalized rewards to +- this (``None``: no clip).
     """
 
     def __init__(

@@ -40,34 +40,12 @@ class A3C(Algorithm):
 
     Args:
         env: gymnasium id (``"module:Id"`` imports ``module`` first) or a callable returning a ``gymnasium.Env``.
-        env_kwargs: keyword arguments for every env made (training, evaluation, ``record``), kept in checkpoints.
         num_workers: worker processes that compute gradients; 0 computes them in the learner process.
         num_envs: envs per worker (of the learner process with ``num_workers=0``).
         rollout_fragment_length: env steps per env behind each gradient packet a worker sends.
-        sampler_timeout_s: seconds the learner waits for data before it raises.
-        restart_failed_workers: restart a worker that died (with a new seed) instead of raising.
-        total_env_steps: stop ``fit`` once this many env steps were sampled (over DDP ranks); ``None``: Trainer limits.
-        iterations_per_epoch: training iterations per Lightning epoch: the cadence of checkpoints and validation.
-        seed: seeds network init, sampling, shuffling and envs (``seed + 1000 * rank``); ``None``: random.
-        vectorization: ``auto`` (the env's own vector env, if any), ``sync``, ``async`` or ``vector_entry_point``.
-        num_cpu_threads: torch intra-op threads during ``fit`` (restored after); ``None`` leaves torch's setting alone.
-        cpu_affinity: under DDP on CPU, pin each local rank to its own share of the CPUs during ``fit`` (Linux).
-        evaluation_interval: epochs between greedy evaluations (Lightning validation, ``val/*``); ``None``: none.
-        evaluation_num_episodes: greedy episodes per evaluation (validation and test), one per env.
-        check_finite: raise on a NaN or infinite reward or observation, naming the field, the env and its step.
         lr: learning rate of the learner's ``optimizer``.
-        lr_schedule: ``constant``/``None``, ``linear`` (to 0 at ``total_env_steps``) or ``[[env_step, lr], ...]``.
-        gamma: discount factor in (0, 1].
-        lambda_: GAE's lambda in [0, 1].
         grad_clip: maximum global norm of each gradient packet before its step (``None``: no clipping).
-        vf_loss_coeff: weight of the value loss.
-        entropy_coeff: weight of the entropy bonus.
         optimizer: the learner's: ``rmsprop`` (alpha 0.99, eps 1e-5, as ``A2C``) or ``adam``.
-        hiddens: MLP layer sizes of the policy and of the value network (after ``encoder``).
-        activation: the MLP's activation: a name such as ``tanh``, an import path or an ``nn.Module`` class.
-        vf_share_layers: one MLP trunk for the policy and the value function (else two separate networks).
-        log_std_init: initial log standard deviation of the Gaussian policy (``Box`` actions).
-        encoder: network before the MLP: an ``nn.Module`` class or factory of the observation space, or an import path.
     """
 
     def __init__(

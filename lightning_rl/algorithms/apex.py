@@ -32,46 +32,17 @@ class APEX(DQN):
 
     Args:
         env: gymnasium id (``"module:Id"`` imports ``module`` first) or a callable returning a ``gymnasium.Env``.
-        env_kwargs: keyword arguments for every env made (training, evaluation, ``record``), kept in checkpoints.
-        num_workers: sampler processes (per rank under DDP); 0 samples in the learner process.
         num_envs: envs per sampler worker (of the learner process with ``num_workers=0``).
         rollout_fragment_length: env steps per env in one worker fragment (inserted into the replay whole).
-        learner_queue_size: fragments that may wait for the learner.
-        broadcast_interval: training iterations between weight broadcasts to the workers.
-        max_policy_lag: drop (and count) fragments sampled over this many iterations before training (``None``: keep).
-        sampler_timeout_s: seconds the learner waits for data before it raises.
-        restart_failed_workers: restart a worker that died (with a new seed) instead of raising.
-        total_env_steps: stop ``fit`` once this many env steps were sampled (over DDP ranks); ``None``: Trainer limits.
-        iterations_per_epoch: training iterations per Lightning epoch: the cadence of checkpoints and validation.
-        seed: seeds network init, sampling, shuffling and envs (``seed + 1000 * rank``); ``None``: random.
-        vectorization: ``auto`` (the env's own vector env, if any), ``sync``, ``async`` or ``vector_entry_point``.
-        num_cpu_threads: torch intra-op threads during ``fit`` (restored after); ``None`` leaves torch's setting alone.
-        cpu_affinity: under DDP on CPU, pin each local rank to its own share of the CPUs during ``fit`` (Linux).
-        evaluation_interval: epochs between greedy evaluations (Lightning validation, ``val/*``); ``None``: none.
-        evaluation_num_episodes: greedy episodes per evaluation (validation and test), one per env.
-        check_finite: raise on a NaN or infinite reward or observation, naming the field, the env and its step.
-        compile: run each update step as compiled graphs (same results up to rounding; else eager, with a warning).
-        lr: Adam's learning rate.
-        lr_schedule: ``constant``/``None``, ``linear`` (to 0 at ``total_env_steps``) or ``[[env_step, lr], ...]``.
-        gamma: discount factor in (0, 1].
         buffer_size: replay capacity in transitions (per learner process).
         learning_starts: env steps inserted into the replay (per learner process) before learning starts.
         training_intensity: replayed rows per inserted env step (sets ``num_gradient_steps``); give it or that.
         num_gradient_steps: gradient steps per iteration; give it or ``training_intensity`` (neither: intensity 16).
-        train_batch_size: replayed rows per gradient step.
-        n_step: steps summed into each target (truncation ends the window but still bootstraps).
-        grad_clip: maximum global norm of the gradients (``None``: no clipping).
         hiddens: MLP layer sizes of the Q-network.
         activation: the MLP's activation: a name such as ``relu`` or an import path.
-        double_q: pick the bootstrap action with the online network (double DQN).
-        dueling: dueling heads, ``Q = V + A - mean(A)``.
         target_network_update_freq: trained rows (over all ranks) between target-network updates.
         epsilon: worker ``i`` of ``N`` explores with ``epsilon ** (1 + epsilon_alpha * i / (N - 1))``, fixed.
         epsilon_alpha: spread of the workers' epsilons (see ``epsilon``).
-        prioritized_replay_alpha: priority exponent (0: uniform replay).
-        prioritized_replay_beta: importance-weight exponent at the start, annealed to 1 over ``total_env_steps``.
-        prioritized_replay_eps: added to each ``|td_error|`` so that no priority is 0.
-        checkpoint_replay_buffer: keep the replay buffer in checkpoints (exact resume).
     """
 
     def __init__(

@@ -34,56 +34,16 @@ class APPO(IMPALA):
     ``target_network_update_freq`` trained env steps; ``kl = KL(pi_target || pi)``.
 
     Args:
-        env: gymnasium id (``"module:Id"`` imports ``module`` first) or a callable returning an Env or a PettingZoo env.
-        env_kwargs: keyword arguments for every env made (training, evaluation, ``record``), kept in checkpoints.
-        num_workers: sampler processes (per rank under DDP); 0 samples in the learner process.
         num_envs: envs per sampler worker (of the learner process with ``num_workers=0``).
         rollout_fragment_length: env steps per env in one worker fragment (the time axis of the ``[T, B]`` batch).
         train_batch_size: env steps per training batch (whole fragments, rounded up).
-        learner_queue_size: fragments that may wait for the learner.
-        broadcast_interval: training iterations between weight broadcasts to the workers.
-        max_policy_lag: drop (and count) fragments sampled over this many iterations before training (``None``: keep).
-        sampler_timeout_s: seconds the learner waits for data before it raises.
-        restart_failed_workers: restart a worker that died (with a new seed) instead of raising.
-        num_sgd_iter: training iterations each batch is used for (the reference's ``num_passes``).
-        minibatch_buffer_size: batches handed out round robin, each ``num_sgd_iter`` times.
-        sgd_minibatch_size: env steps per gradient step, in whole env columns shuffled each pass (``None``: one step).
-        total_env_steps: stop ``fit`` once this many env steps were sampled (over DDP ranks); ``None``: Trainer limits.
-        iterations_per_epoch: training iterations per Lightning epoch: the cadence of checkpoints and validation.
-        seed: seeds network init, sampling, shuffling and envs (``seed + 1000 * rank``); ``None``: random.
-        vectorization: ``auto`` (the env's own vector env, if any), ``sync``, ``async`` or ``vector_entry_point``.
-        num_cpu_threads: torch intra-op threads during ``fit`` (restored after); ``None`` leaves torch's setting alone.
-        cpu_affinity: under DDP on CPU, pin each local rank to its own share of the CPUs during ``fit`` (Linux).
-        evaluation_interval: epochs between greedy evaluations (Lightning validation, ``val/*``); ``None``: none.
-        evaluation_num_episodes: greedy episodes per evaluation (validation and test), one per env.
-        check_finite: raise on a NaN or infinite reward or observation, naming the field, the env and its step.
-        compile: run each update step as compiled graphs (same results up to rounding; else eager, with a warning).
-        lr: Adam's learning rate.
         lr_schedule: ``linear`` to 0 at ``total_env_steps`` (default if set), ``constant`` or ``[[env_step, lr], ...]``.
-        gamma: discount factor in (0, 1].
         lambda_: V-trace's trace decay in [0, 1] (1: the paper's; lower trades bias for variance).
-        grad_clip: maximum global norm of the gradients (``None``: no clipping).
-        vf_loss_coeff: weight of the value loss.
-        entropy_coeff: weight of the entropy bonus.
-        vtrace_clip_rho_threshold: V-trace's clip of the importance ratio in the value targets (``None``: no clip).
-        vtrace_clip_pg_rho_threshold: V-trace's clip of the importance ratio in the policy gradient (``None``: no clip).
-        hiddens: MLP layer sizes of the policy and of the value network (after ``encoder``).
-        activation: the MLP's activation: a name such as ``tanh``, an import path or an ``nn.Module`` class.
-        vf_share_layers: one MLP trunk for the policy and the value function (else two separate networks).
-        log_std_init: initial log standard deviation of the Gaussian policy (``Box`` actions).
         clip_param: PPO's clip range of the ratio between the current and the target policy.
         use_kl_loss: add ``kl_coeff * KL(pi_target || pi)`` to the loss.
         kl_coeff: weight of the KL term (with ``use_kl_loss``).
         target_network_update_freq: trained env steps between target-policy refreshes.
-        use_lstm: a recurrent policy: an LSTM cell after each MLP encoder.
-        lstm_cell_size: size of the LSTM cell (``use_lstm``).
         max_seq_len: with ``use_lstm``, backpropagate through at most this many steps; ``None``: the whole fragment.
-        lstm_use_prev_action: feed the previous action (one-hot for ``Discrete``) to the LSTM.
-        lstm_use_prev_reward: feed the previous reward to the LSTM.
-        policies: multi-agent: policy ids, or ``{id: per-policy settings such as hiddens}``.
-        policy_mapping_fn: multi-agent: agent id -> policy id, a callable or an ``{agent: policy}`` table.
-        policies_to_train: multi-agent: the policies that learn (``None``: all).
-        encoder: network before the MLP: an ``nn.Module`` class or factory of the observation space, or an import path.
     """
 
     def __init__(

@@ -46,7 +46,7 @@ from lightning_rl.functional import piecewise_linear
 from lightning_rl.learner_info import LearnerInfoBuilder
 from lightning_rl.policies import Policies, PolicyMapping
 from lightning_rl.process import ProcessSettings
-from lightning_rl.settings import check_positive, plain_hyperparameters
+from lightning_rl.settings import check_positive, document_settings, plain_hyperparameters
 from lightning_rl.update import LossFn, UpdateStep, check_updates
 
 
@@ -156,6 +156,7 @@ class Algorithm(pl.LightningModule):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         register_algorithm(cls)  # checkpoints and the CLI resolve algorithms among the defined ones
+        document_settings(cls)  # its Args: its own descriptions, and the shared ones of settings.py
 
     def save_hyperparameters(self, *args: Any, ignore: Sequence[str] | str | None = None, frame: Any = None,
                              logger: bool = True) -> None:

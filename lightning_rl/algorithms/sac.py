@@ -34,40 +34,13 @@ class SAC(OffPolicyModule):
 
     Args:
         env: gymnasium id (``"module:Id"`` imports ``module`` first) or a callable returning a ``gymnasium.Env``.
-        env_kwargs: keyword arguments for every env made (training, evaluation, ``record``), kept in checkpoints.
-        num_envs: envs stepped in parallel (per process under DDP).
-        total_env_steps: stop ``fit`` once this many env steps were sampled (over DDP ranks); ``None``: Trainer limits.
-        iterations_per_epoch: training iterations per Lightning epoch: the cadence of checkpoints and validation.
-        seed: seeds network init, sampling, shuffling and envs (``seed + 1000 * rank``); ``None``: random.
-        vectorization: ``auto`` (the env's own vector env, if any), ``sync``, ``async`` or ``vector_entry_point``.
-        sampling_device: device the policy acts on while sampling (the CPU beats a GPU round trip for small MLPs).
-        num_cpu_threads: torch intra-op threads during ``fit`` (restored after); ``None`` leaves torch's setting alone.
-        cpu_affinity: under DDP on CPU, pin each local rank to its own share of the CPUs during ``fit`` (Linux).
-        evaluation_interval: epochs between greedy evaluations (Lightning validation, ``val/*``); ``None``: none.
-        evaluation_num_episodes: greedy episodes per evaluation (validation and test), one per env.
-        check_finite: raise on a NaN or infinite reward or observation, naming the field, the env and its step.
-        compile: run each update step as compiled graphs (same results up to rounding; else eager, with a warning).
         lr: Adam's learning rate of the actor, the critics and the temperature.
-        lr_schedule: ``constant``/``None``, ``linear`` (to 0 at ``total_env_steps``) or ``[[env_step, lr], ...]``.
-        gamma: discount factor in (0, 1].
-        buffer_size: replay capacity in transitions (per process).
-        learning_starts: env steps (per process) of uniform random actions before learning starts.
-        train_freq: env steps per env sampled into the replay per iteration.
-        num_gradient_steps: gradient steps per iteration (with ``train_freq``: the replay ratio).
-        train_batch_size: replayed rows per gradient step.
-        n_step: steps summed into each target (truncation ends the window but still bootstraps).
-        grad_clip: maximum global norm of the gradients (``None``: no clipping).
         hiddens: MLP layer sizes of the actor and of each critic.
         activation: the MLPs' activation: a name such as ``relu`` or an import path.
         tau: Polyak coefficient of the target critics, per update.
         target_network_update_freq: global env steps between Polyak updates (0: after every gradient step).
         initial_alpha: entropy temperature at the start (learned toward ``target_entropy``).
         target_entropy: ``auto`` (``-action_dim``) or a number: the policy entropy the temperature aims at.
-        prioritized_replay: proportional prioritized replay (a sum tree) with importance weights.
-        prioritized_replay_alpha: priority exponent (0: uniform replay).
-        prioritized_replay_beta: importance-weight exponent at the start, annealed to 1 over ``total_env_steps``.
-        prioritized_replay_eps: added to each ``|td_error|`` so that no priority is 0.
-        checkpoint_replay_buffer: keep the replay buffer in checkpoints (exact resume).
     """
 
     def __init__(

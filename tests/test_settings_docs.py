@@ -1,0 +1,66 @@
+"""Each shared setting is described once (``lightning_rl.settings.SETTINGS``) and every algorithm's
+``Args:`` is written from its signature (docs/design.md, issue 24's "declared once")."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from pathlib import Path
+
+import docstring_parser
+import pytest
+
+import lightning_rl
+from lightning_rl.settings import SETTINGS, document_settings
+
+ALGORITHMS = ["A2C", "A3C", "APEX", "APPO", "DQN", "IMPALA", "PPO", "SAC"]
+
+
+def _source_args(cls: type) -> set[str]:
+    """The settings ``cls``'s docstring describes in its source file."""
+    tree = ast.parse(Path(inspect.getsourcefile(cls)).read_text())
+    node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls.__name__)
+    return {p.arg_name for p in docstring_parser.parse(ast.get_docstring(node) or "").params}
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_args_follow_the_signature_with_the_shared_descriptions(name):
+    cls = getattr(lightning_rl, name)
+    settings = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
+    described = docstring_parser.parse(cls.__doc__).params
+    assert [p.arg_name for p in described][: len(settings)] == settings  # in signature order
+    own = _source_args(cls)
+    for param in described:
+        if param.arg_name not in own:
+            assert param.description == SETTINGS[param.arg_name], param.arg_name
+    # no source docstring repeats a shared line word for word: it lives in settings.py alone
+    repeated = [p.arg_name for p in docstring_parser.parse(inspect.cleandoc(cls.__doc__)).params
+                if p.arg_name in own and SETTINGS.get(p.arg_name) == p.description]
+    assert repeated == []
+
+
+def test_a_subclass_gets_its_own_lines_and_the_shared_ones():
+    class Mine(lightning_rl.PPO):
+        """My PPO.
+
+        Args:
+            my_knob: what only this subclass takes.
+        """
+
+        def __init__(self, my_knob: int = 1, gamma: float = 0.9, **kwargs):
+            super().__init__(gamma=gamma, **kwargs)
+
+    params = {p.arg_name: p.description for p in docstring_parser.parse(Mine.__doc__).params}
+    assert params == {"my_knob": "what only this subclass takes.", "gamma": SETTINGS["gamma"]}
+    assert Mine.__doc__.splitlines()[0] == "My PPO."
+
+
+def test_a_class_without_args_gets_a_section():
+    class Bare:
+        """Bare."""
+
+        def __init__(self, gamma: float, unknown: int) -> None: ...
+
+    document_settings(Bare)
+    params = {p.arg_name: p.description for p in docstring_parser.parse(Bare.__doc__).params}
+    assert params == {"gamma": SETTINGS["gamma"]}
