@@ -24,33 +24,43 @@ def _type_checking(node: ast.If) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def imports(path: Path, modules: set[str]) -> set[str]:
-    """The ``lightning_rl`` modules ``path`` imports when it runs."""
-    name = module_name(path)
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    found: set[str] = set()
+def import_nodes(path: Path) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement of ``path`` that runs: module level and inside functions,
+    ``if TYPE_CHECKING:`` blocks left out (their ``else`` kept)."""
+    found: list[ast.Import | ast.ImportFrom] = []
 
     def visit(node: ast.AST) -> None:
         if isinstance(node, ast.If) and _type_checking(node):
             for child in node.orelse:
                 visit(child)
             return
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names if alias.name.startswith("lightning_rl"))
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join([*anchor, *([base] if base else [])])
-            if base.startswith("lightning_rl"):
-                named = [f"{base}.{a.name}" for a in node.names]
-                found.update(m for m in named if m in modules)
-                if any(m not in modules for m in named):  # a name defined in ``base`` itself
-                    found.add(base)
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            found.append(node)
         for child in ast.iter_child_nodes(node):
             visit(child)
 
     visit(ast.parse(path.read_text()))
+    return found
+
+
+def imports(path: Path, modules: set[str]) -> set[str]:
+    """The ``lightning_rl`` modules ``path`` imports when it runs."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in import_nodes(path):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name.startswith("lightning_rl"))
+            continue
+        base = node.module or ""
+        if node.level:
+            anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+            base = ".".join([*anchor, *([base] if base else [])])
+        if base.startswith("lightning_rl"):
+            named = [f"{base}.{a.name}" for a in node.names]
+            found.update(m for m in named if m in modules)
+            if any(m not in modules for m in named):  # a name defined in ``base`` itself
+                found.add(base)
     return {m for m in found if m in modules and m != name}
 
 
@@ -114,22 +124,13 @@ def test_the_data_layer_imports_no_algorithm():
 
 
 def _third_party(path: Path) -> set[str]:
-    """Top-level names of the non-``lightning_rl`` modules ``path`` imports (TYPE_CHECKING left out)."""
+    """Top-level names of the non-``lightning_rl`` modules ``path`` imports when it runs."""
     found: set[str] = set()
-
-    def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _type_checking(node):
-            for child in node.orelse:
-                visit(child)
-            return
+    for node in import_nodes(path):
         if isinstance(node, ast.Import):
             found.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+        elif not node.level and node.module:
             found.add(node.module.split(".")[0])
-        for child in ast.iter_child_nodes(node):
-            visit(child)
-
-    visit(ast.parse(path.read_text()))
     return found - {"lightning_rl"}
 
 
