@@ -198,6 +198,9 @@ class RLCLI(LightningCLI):
         seed = config.get("seed_everything")
         model = config.get("model")
         init_args = getattr(model, "init_args", None)
+        class_path = getattr(model, "class_path", None)
+        if class_path is not None and class_path.rsplit(".", 1)[-1] not in algorithm_names():
+            self.parser.error(NO_ALGORITHM.format(names=", ".join(algorithm_names())))  # the base, with defaults
         seeded = isinstance(seed, int) and not isinstance(seed, bool)
         if seeded and init_args is not None and init_args.get("seed") is None:
             init_args.seed = seed
@@ -301,7 +304,7 @@ def summarize_parse_error(message: str) -> str:
     cls = _import_class(class_match.group(1)) if class_match else None
     no_model = re.search(r"arguments are required: (\w+\.)?model\b", message)
     if no_model or (cls is not None and cls.__name__ not in algorithm_names()):  # Algorithm, OnPolicyModule ...
-        return f"no algorithm chosen: add --model NAME (one of {', '.join(algorithm_names())})"
+        return NO_ALGORITHM.format(names=", ".join(algorithm_names()))
     unknown = re.search(r"(?:Option|Key) '([^']+)' is not (?:accepted|expected)", message)
     if cls is not None and unknown:
         name = unknown.group(1).removeprefix("init_args.")
@@ -322,6 +325,9 @@ def summarize_parse_error(message: str) -> str:
     noise = ("Subtypes:", "Errors:", "Given value type:", "Given value:", "Does not validate against any")
     lines = [re.sub(r"^- ", "", line.strip()) for line in message.splitlines()]
     return "; ".join(line for line in lines if line and not line.startswith(noise) and "NoneType" not in line)
+
+
+NO_ALGORITHM = "no algorithm chosen: add --model NAME (one of {names})"
 
 
 def _type_name(text: str) -> str:

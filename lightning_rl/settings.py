@@ -3,9 +3,11 @@ and what of them a checkpoint saves."""
 
 from __future__ import annotations
 
+import functools
 import inspect
 import re
-from collections.abc import Sequence
+import typing
+from collections.abc import Callable, Sequence
 from itertools import pairwise
 from typing import Any
 
@@ -138,13 +140,116 @@ SETTINGS: dict[str, str] = {
     "prioritized_replay": "proportional prioritized replay (a sum tree) with importance weights.",
 }
 
+class SettingsGroup:
+    """A group of settings several algorithms take (``algorithms/common.py``): a class whose
+    keyword-only ``__init__`` parameters are settings, declared there once; it stores what it
+    took and passes the rest on (``super().__init__(**settings)``). An algorithm takes a group by
+    inheriting it."""
+
+
+def declare_settings(cls: type, root: type) -> None:
+    """Give ``cls.__init__`` the full signature of ``cls``'s settings, each declared once.
+
+    The settings of ``cls`` are, in order, the root's (``Algorithm.__init__``), those of every
+    ``SettingsGroup`` and algorithm class it inherits, then its own: the keyword parameters of
+    each class's own ``__init__``, which passes the others on as ``**settings``. A class
+    changes an inherited default with ``setting_defaults = {name: value}`` and takes a setting
+    out of its signature with ``fixed_settings = {name: value}`` (the value it always passes).
+    An ``__init__`` without ``**`` lists all its settings itself (older subclasses do).
+
+    ``help(cls)``, editors' signature help, the CLI (``--model.help``) and ``load_from_checkpoint``
+    read that signature; a call is bound to it (unknown names raise), its defaults filled in,
+    and every class's ``__init__`` gets the settings by keyword. What the outermost call
+    received (the settings of the class instantiated) is kept for ``save_hyperparameters``."""
+    params: dict[str, inspect.Parameter] = {}
+    for klass in _declaring_classes(cls, root):
+        own, complete = _own_settings(klass)
+        if complete:
+            params = {}
+        params.update(own)
+        for name, value in klass.__dict__.get("setting_defaults", {}).items():
+            if name not in params:
+                raise TypeError(f"{klass.__name__}.setting_defaults: {name!r} is not a setting of {klass.__name__}")
+            params[name] = params[name].replace(default=value)
+        for name in klass.__dict__.get("fixed_settings", {}):
+            if params.pop(name, None) is None:
+                raise TypeError(f"{klass.__name__}.fixed_settings: {name!r} is not a setting of {klass.__name__}")
+    first = next(iter(params), None)
+    ordered = [p.replace(kind=p.POSITIONAL_OR_KEYWORD if name == first else p.KEYWORD_ONLY)
+               for name, p in params.items()]
+    self_param = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    signature = inspect.Signature([self_param, *ordered])
+    cls.__init__ = _bound_init(cls, signature, dict(cls.__dict__.get("fixed_settings", {})))
+
+
+def _declaring_classes(cls: type, root: type) -> list[type]:
+    """The algorithm classes of ``cls``'s MRO from ``root`` down to ``cls``, each preceded by
+    the groups it brings in the order its bases list them."""
+    order: list[type] = []
+    groups: list[type] = []
+    for klass in reversed(cls.__mro__):
+        if issubclass(klass, root):  # (an algorithm class is a SettingsGroup too when it takes one)
+            order += [*groups, klass]
+            groups = []
+        elif issubclass(klass, SettingsGroup) and klass is not SettingsGroup:
+            groups.insert(0, klass)
+    return order
+
+
+def _own_settings(klass: type) -> tuple[dict[str, inspect.Parameter], bool]:
+    """The settings ``klass``'s own ``__init__`` declares (types resolved), and whether that
+    ``__init__`` lists all its settings (no ``**``)."""
+    init = klass.__dict__.get("__init__")
+    init = getattr(init, "_declared_by", init)  # the wrapped original of an algorithm class
+    if init is None:
+        return {}, False
+    try:
+        hints = typing.get_type_hints(init)
+    except Exception:  # a type only importable under TYPE_CHECKING: keep the annotation's text
+        hints = {}
+    params = list(inspect.signature(init).parameters.values())[1:]
+    own = {p.name: p.replace(annotation=hints.get(p.name, p.annotation)) for p in params
+           if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+    return own, not any(p.kind == p.VAR_KEYWORD for p in params)
+
+
+def _bound_init(cls: type, signature: inspect.Signature, fixed: dict[str, Any]) -> Callable[..., None]:
+    original = cls.__dict__.get("__init__")
+    declared_by = getattr(original, "_declared_by", original)
+    call = declared_by if declared_by is not None else super(cls, cls).__init__
+
+    @functools.wraps(call)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        try:
+            bound = signature.bind(self, *args, **kwargs)
+        except TypeError as err:
+            raise TypeError(f"{cls.__name__}: {err}") from None
+        bound.apply_defaults()
+        settings = {name: value for name, value in bound.arguments.items() if name != "self"}
+        self.__dict__.setdefault("_received_settings", settings)  # the outermost call's: the class's settings
+        call(self, **settings, **fixed)
+
+    __init__.__signature__ = signature  # type: ignore[attr-defined]
+    __init__.__annotations__ = {p.name: p.annotation for p in signature.parameters.values()
+                                if p.annotation is not p.empty}
+    __init__._declared_by = declared_by  # type: ignore[attr-defined]
+    return __init__
+
+
+def received_settings(module: Any) -> dict[str, Any]:
+    """The settings the outermost ``__init__`` of ``module`` received, defaults filled in (what
+    ``save_hyperparameters`` saves)."""
+    return dict(module.__dict__.get("_received_settings", {}))
+
+
 _ENTRY = re.compile(r"^(\s+)(\w+): (.*)$")
 
 
 def document_settings(cls: type) -> None:
     """Rewrite ``cls.__doc__``'s ``Args:`` section to describe every parameter of ``cls.__init__``
-    in signature order: its own line where the docstring has one, else ``SETTINGS``' line.
-    Parameters described nowhere are left out (a user's subclass may not document its own)."""
+    in signature order: its own line where the docstring has one, else the line of the nearest
+    class it inherits that describes it, else ``SETTINGS``' line. Parameters described nowhere
+    are left out (a user's subclass may not document its own)."""
     doc = cls.__doc__ or ""
     lines = doc.split("\n")
     start = next((i for i, line in enumerate(lines) if line.strip() == "Args:"), None)
@@ -172,8 +277,19 @@ def document_settings(cls: type) -> None:
                 break
             end += 1
         tail = lines[end:]
+    cls._setting_docs = dict(own)  # type: ignore[attr-defined]  # what its subclasses inherit
     params = [p.name for p in inspect.signature(cls.__init__).parameters.values()
               if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    entries = [f"{indent}    {p}: {own.get(p) or SETTINGS[p]}" for p in params if own.get(p) or p in SETTINGS]
+    entries = [f"{indent}    {p}: {text}" for p in params if (text := setting_description(cls, p))]
     entries += [f"{indent}    {p}: {text}" for p, text in own.items() if p not in params]  # documented elsewhere
     cls.__doc__ = "\n".join([*head, *entries, *tail])
+
+
+def setting_description(cls: type, name: str) -> str | None:
+    """The one-line description of setting ``name`` of ``cls``: the nearest class's in its MRO
+    that describes it, else the shared one in ``SETTINGS``."""
+    for klass in cls.__mro__:
+        text = klass.__dict__.get("_setting_docs", {}).get(name)
+        if text:
+            return text
+    return SETTINGS.get(name)

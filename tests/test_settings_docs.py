@@ -11,16 +11,28 @@ import docstring_parser
 import pytest
 
 import lightning_rl
-from lightning_rl.settings import SETTINGS, document_settings
+from lightning_rl.algorithms.base import Algorithm
+from lightning_rl.settings import SETTINGS, SettingsGroup, document_settings
 
 ALGORITHMS = ["A2C", "A3C", "APEX", "APPO", "DQN", "IMPALA", "PPO", "SAC"]
 
 
-def _source_args(cls: type) -> set[str]:
-    """The settings ``cls``'s docstring describes in its source file."""
+def _source_args(cls: type) -> dict[str, str]:
+    """The settings ``cls``'s docstring describes in its source file, with their descriptions."""
     tree = ast.parse(Path(inspect.getsourcefile(cls)).read_text())
     node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls.__name__)
-    return {p.arg_name for p in docstring_parser.parse(ast.get_docstring(node) or "").params}
+    return {p.arg_name: p.description for p in docstring_parser.parse(ast.get_docstring(node) or "").params}
+
+
+def _inherited_description(cls: type, name: str) -> str:
+    """What an algorithm that does not describe ``name`` itself shows: the line of the nearest
+    class it inherits (an algorithm or a settings group) that describes it, else the shared one."""
+    for klass in cls.__mro__[1:]:
+        if issubclass(klass, (Algorithm, SettingsGroup)) and klass not in (Algorithm, SettingsGroup):
+            own = _source_args(klass)
+            if name in own:
+                return own[name]
+    return SETTINGS.get(name, "")
 
 
 @pytest.mark.parametrize("name", ALGORITHMS)
@@ -32,14 +44,14 @@ def test_args_follow_the_signature_with_the_shared_descriptions(name):
     own = _source_args(cls)
     for param in described:
         if param.arg_name not in own:
-            assert param.description == SETTINGS[param.arg_name], param.arg_name
-    # no source docstring repeats a shared line word for word: it lives in settings.py alone
+            assert param.description == _inherited_description(cls, param.arg_name), param.arg_name
+    # no source docstring repeats a line it would inherit word for word: it lives in one place
     repeated = [p.arg_name for p in docstring_parser.parse(inspect.cleandoc(cls.__doc__)).params
-                if p.arg_name in own and SETTINGS.get(p.arg_name) == p.description]
+                if p.arg_name in own and _inherited_description(cls, p.arg_name) == p.description]
     assert repeated == []
 
 
-def test_a_subclass_gets_its_own_lines_and_the_shared_ones():
+def test_a_subclass_gets_its_own_lines_and_the_inherited_ones():
     class Mine(lightning_rl.PPO):
         """My PPO.
 
@@ -51,7 +63,10 @@ def test_a_subclass_gets_its_own_lines_and_the_shared_ones():
             super().__init__(gamma=gamma, **kwargs)
 
     params = {p.arg_name: p.description for p in docstring_parser.parse(Mine.__doc__).params}
-    assert params == {"my_knob": "what only this subclass takes.", "gamma": SETTINGS["gamma"]}
+    ppo = {p.arg_name: p.description for p in docstring_parser.parse(lightning_rl.PPO.__doc__).params}
+    assert params == {**ppo, "my_knob": "what only this subclass takes.", "gamma": SETTINGS["gamma"]}
+    assert list(params)[-1] == "my_knob"  # its own settings after the inherited ones
+    assert inspect.signature(Mine).parameters["gamma"].default == 0.9
     assert Mine.__doc__.splitlines()[0] == "My PPO."
 
 

@@ -3,23 +3,20 @@ sampler workers compute gradients on their own rollouts; the learner applies eac
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 
 from lightning_rl.algorithms.base import Algorithm
+from lightning_rl.algorithms.common import ActorCriticSettings, SamplerWorkers
 from lightning_rl.batch import DEFAULT_POLICY_ID, MultiAgentBatch
 from lightning_rl.data.async_gradients import GRADS, A3CDataModule
-from lightning_rl.data.envs import EnvSpec
 from lightning_rl.learner_info import LEARNER_STATS_KEY, LearnerInfoBuilder
-from lightning_rl.nn.encoders import Activation, EncoderSpec
 from lightning_rl.nn.models import ActorCritic
-from lightning_rl.settings import Schedule, check_gamma, check_positive, resolve_schedule
 from lightning_rl.update import NonFiniteLossError
 
 
-class A3C(Algorithm):
+class A3C(ActorCriticSettings, SamplerWorkers, Algorithm):
     """A3C: each training iteration applies the gradient packets that arrived from the sampler
     workers (at least one, at most one per worker), each with its own optimizer step.
 
@@ -48,66 +45,30 @@ class A3C(Algorithm):
         optimizer: the learner's: ``rmsprop`` (alpha 0.99, eps 1e-5, as ``A2C``) or ``adam``.
     """
 
-    def __init__(
-        self,
-        env: EnvSpec = "CartPole-v1",
-        env_kwargs: dict[str, Any] | None = None,
-        num_workers: int = 2,
-        num_envs: int = 8,
-        rollout_fragment_length: int = 5,
-        sampler_timeout_s: float = 60.0,
-        restart_failed_workers: bool = False,
-        total_env_steps: int | None = 500_000,
-        iterations_per_epoch: int = 100,
-        seed: int | None = None,
-        vectorization: str = "auto",
-        num_cpu_threads: int | None = 1,
-        cpu_affinity: bool = True,
-        evaluation_interval: int | None = None,
-        evaluation_num_episodes: int = 10,
-        check_finite: bool = True,
-        lr: float = 7e-4,
-        lr_schedule: Schedule = None,
-        gamma: float = 0.99,
-        lambda_: float = 1.0,
-        grad_clip: float | None = 0.5,
-        vf_loss_coeff: float = 0.5,
-        entropy_coeff: float = 0.0,
-        optimizer: Literal["rmsprop", "adam"] = "rmsprop",
-        hiddens: Sequence[int] = (64, 64),
-        activation: Activation = "tanh",
-        vf_share_layers: bool = False,
-        log_std_init: float = 0.0,
-        encoder: EncoderSpec = None,
-    ) -> None:
-        super().__init__(
-            env=env, env_kwargs=env_kwargs, total_env_steps=total_env_steps, seed=seed, num_cpu_threads=num_cpu_threads,
-            cpu_affinity=cpu_affinity, evaluation_interval=evaluation_interval,
-            evaluation_num_episodes=evaluation_num_episodes,
-        )
+    setting_defaults: ClassVar[dict[str, Any]] = dict(
+        rollout_fragment_length=5, total_env_steps=500_000, iterations_per_epoch=100, lr=7e-4, lambda_=1.0,
+    )
+    # no loss runs on the learner to compile; the packets are one policy's
+    fixed_settings: ClassVar[dict[str, Any]] = dict(compile=False, policies=None, policy_mapping_fn=None,
+                                                    policies_to_train=None)
+
+    def __init__(self, *, optimizer: Literal["rmsprop", "adam"] = "rmsprop", **settings: Any) -> None:
+        super().__init__(**settings)
         self.save_hyperparameters()
-        check_positive(lr=lr, grad_clip=grad_clip)
-        check_gamma(gamma)
-        if not 0.0 <= lambda_ <= 1.0:
-            raise ValueError(f"lambda_ must be in [0, 1], got {lambda_}")
         if optimizer not in ("rmsprop", "adam"):
             raise ValueError(f"optimizer must be 'rmsprop' or 'adam', got {optimizer!r}")
         self.default_datamodule = A3CDataModule(
-            self.env_spec, num_workers=num_workers, num_envs=num_envs, rollout_fragment_length=rollout_fragment_length,
-            gamma=gamma, lambda_=lambda_, vf_loss_coeff=vf_loss_coeff, entropy_coeff=entropy_coeff,
-            sampler_timeout_s=sampler_timeout_s, restart_failed_workers=restart_failed_workers,
-            vectorization=vectorization, seed=seed, iterations_per_epoch=iterations_per_epoch,
-            check_finite=check_finite,
+            self.env_spec, num_envs=self.num_envs, rollout_fragment_length=self.rollout_fragment_length,
+            gamma=self.gamma, lambda_=self.lambda_, vf_loss_coeff=self.vf_loss_coeff,
+            entropy_coeff=self.entropy_coeff, vectorization=self.vectorization, seed=self.seed,
+            iterations_per_epoch=self.iterations_per_epoch, check_finite=self.check_finite, **self.worker_settings,
         )
-        self.lr, self.grad_clip, self.optimizer_name = lr, grad_clip, optimizer
-        self.lr_points = resolve_schedule("lr_schedule", lr_schedule, lr, total_env_steps)
+        self.optimizer_name = optimizer
         with torch.random.fork_rng():
-            if seed is not None:
-                torch.manual_seed(seed)
-            self.policies[DEFAULT_POLICY_ID] = ActorCritic(
-                self.observation_space, self.action_space, hiddens, activation, vf_share_layers, log_std_init,
-                encoder=encoder,
-            )
+            if self.seed is not None:
+                torch.manual_seed(self.seed)
+            self.policies[DEFAULT_POLICY_ID] = ActorCritic(self.observation_space, self.action_space,
+                                                           **self.network_settings)
 
     def configure_optimizers(self) -> Any:
         params = self.policies[DEFAULT_POLICY_ID].parameters()

@@ -4,16 +4,14 @@ n-step transitions initial priorities; the learner replays the prioritized buffe
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
+from lightning_rl.algorithms.common import LearnerQueue, SamplerWorkers
 from lightning_rl.algorithms.dqn import DQN
 from lightning_rl.data.async_replay import ApexDataModule
-from lightning_rl.data.envs import EnvSpec
-from lightning_rl.settings import Schedule
 
 
-class APEX(DQN):
+class APEX(SamplerWorkers, LearnerQueue, DQN):
     """DQN (double Q, dueling, n-step, prioritized replay) fed by asynchronous sampler workers.
 
     Per training iteration: insert ``max(num_workers, 1)`` worker fragments (``num_envs *
@@ -38,80 +36,42 @@ class APEX(DQN):
         learning_starts: env steps inserted into the replay (per learner process) before learning starts.
         training_intensity: replayed rows per inserted env step (sets ``num_gradient_steps``); give it or that.
         num_gradient_steps: gradient steps per iteration; give it or ``training_intensity`` (neither: intensity 16).
-        hiddens: MLP layer sizes of the Q-network.
-        activation: the MLP's activation: a name such as ``relu`` or an import path.
+        lr_schedule: ``constant``/``None`` (the default: unlike DQN's), ``linear`` (to 0 at ``total_env_steps``) or
+            ``[[env_step, lr], ...]``.
         target_network_update_freq: trained rows (over all ranks) between target-network updates.
         epsilon: worker ``i`` of ``N`` explores with ``epsilon ** (1 + epsilon_alpha * i / (N - 1))``, fixed.
         epsilon_alpha: spread of the workers' epsilons (see ``epsilon``).
     """
 
+    setting_defaults: ClassVar[dict[str, Any]] = dict(
+        num_envs=4, total_env_steps=100_000, learner_queue_size=4, target_network_update_freq=32_000,
+    )
+    # the workers sample (with their own epsilons) and the replay is always prioritized
+    fixed_settings: ClassVar[dict[str, Any]] = dict(
+        sampling_device="cpu", train_freq=64, tau=1.0, prioritized_replay=True, epsilon_start=1.0, epsilon_end=0.02,
+        epsilon_timesteps=10_000, policies=None, policy_mapping_fn=None, policies_to_train=None,
+    )
+
     def __init__(
         self,
-        env: EnvSpec = "CartPole-v1",
-        env_kwargs: dict[str, Any] | None = None,
-        num_workers: int = 2,
-        num_envs: int = 4,
+        *,
         rollout_fragment_length: int = 16,
-        learner_queue_size: int = 4,
-        broadcast_interval: int = 1,
-        max_policy_lag: int | None = None,
-        sampler_timeout_s: float = 60.0,
-        restart_failed_workers: bool = False,
-        total_env_steps: int | None = 100_000,
-        iterations_per_epoch: int = 50,
-        seed: int | None = None,
-        vectorization: str = "auto",
-        num_cpu_threads: int | None = 1,
-        cpu_affinity: bool = True,
-        evaluation_interval: int | None = None,
-        evaluation_num_episodes: int = 10,
-        check_finite: bool = True,
-        compile: bool = False,
-        lr: float = 1e-3,
-        lr_schedule: Schedule = None,
-        gamma: float = 0.99,
-        buffer_size: int = 100_000,
-        learning_starts: int = 1000,
         training_intensity: float | None = None,
         num_gradient_steps: int | None = None,
-        train_batch_size: int = 64,
-        n_step: int = 3,
-        grad_clip: float | None = 10.0,
-        hiddens: Sequence[int] = (256, 256),
-        activation: str = "relu",
-        double_q: bool = True,
-        dueling: bool = True,
-        target_network_update_freq: int = 32_000,
         epsilon: float = 0.4,
         epsilon_alpha: float = 7.0,
-        prioritized_replay_alpha: float = 0.6,
-        prioritized_replay_beta: float = 0.4,
-        prioritized_replay_eps: float = 1e-6,
-        checkpoint_replay_buffer: bool = True,
+        **settings: Any,
     ) -> None:
-        super().__init__(
-            env=env, env_kwargs=env_kwargs,
-            num_envs=num_envs, total_env_steps=total_env_steps, iterations_per_epoch=iterations_per_epoch,
-            seed=seed, vectorization=vectorization, num_cpu_threads=num_cpu_threads, cpu_affinity=cpu_affinity,
-            evaluation_interval=evaluation_interval, evaluation_num_episodes=evaluation_num_episodes,
-            check_finite=check_finite, compile=compile, lr=lr, lr_schedule=lr_schedule, gamma=gamma,
-            buffer_size=buffer_size, learning_starts=learning_starts, num_gradient_steps=num_gradient_steps or 1,
-            train_batch_size=train_batch_size, n_step=n_step, grad_clip=grad_clip, hiddens=hiddens,
-            activation=activation, double_q=double_q, dueling=dueling,
-            target_network_update_freq=target_network_update_freq, prioritized_replay=True,
-            prioritized_replay_alpha=prioritized_replay_alpha, prioritized_replay_beta=prioritized_replay_beta,
-            prioritized_replay_eps=prioritized_replay_eps, checkpoint_replay_buffer=checkpoint_replay_buffer,
-        )
+        super().__init__(num_gradient_steps=num_gradient_steps or 1, **settings)
         self.save_hyperparameters()
         self.default_datamodule = ApexDataModule(
-            self.env_spec, num_workers=num_workers, num_envs=num_envs, rollout_fragment_length=rollout_fragment_length,
-            buffer_size=buffer_size, learning_starts=learning_starts, n_step=n_step, gamma=gamma,
-            prioritized_replay_alpha=prioritized_replay_alpha, prioritized_replay_eps=prioritized_replay_eps,
-            epsilon=epsilon, epsilon_alpha=epsilon_alpha, learner_queue_size=learner_queue_size,
-            broadcast_interval=broadcast_interval, max_policy_lag=max_policy_lag,
-            sampler_timeout_s=sampler_timeout_s, restart_failed_workers=restart_failed_workers,
-            vectorization=vectorization, seed=seed, iterations_per_epoch=iterations_per_epoch,
-            check_finite=check_finite, checkpoint_replay_buffer=checkpoint_replay_buffer,
+            self.env_spec, num_envs=self.num_envs, rollout_fragment_length=rollout_fragment_length,
+            buffer_size=settings["buffer_size"], learning_starts=settings["learning_starts"],
+            n_step=settings["n_step"], gamma=self.gamma, prioritized_replay_alpha=settings["prioritized_replay_alpha"],
+            prioritized_replay_eps=settings["prioritized_replay_eps"], epsilon=epsilon, epsilon_alpha=epsilon_alpha,
+            vectorization=self.vectorization, seed=self.seed, iterations_per_epoch=self.iterations_per_epoch,
+            check_finite=self.check_finite, checkpoint_replay_buffer=settings["checkpoint_replay_buffer"],
+            **self.worker_settings, **self.queue_settings,
         )
         if training_intensity is not None and num_gradient_steps is not None:
             raise ValueError("give training_intensity or num_gradient_steps, not both")
@@ -121,7 +81,7 @@ class APEX(DQN):
             if training_intensity <= 0:
                 raise ValueError(f"training_intensity must be positive, got {training_intensity}")
             per_iteration = self.default_datamodule.train_batch_size
-            self.num_gradient_steps = max(1, round(training_intensity * per_iteration / train_batch_size))
+            self.num_gradient_steps = max(1, round(training_intensity * per_iteration / self.train_batch_size))
         self.training_intensity = training_intensity
 
     supports_multi_agent = False  # its workers sample single-agent envs

@@ -5,19 +5,15 @@ https://arxiv.org/abs/1912.00167)."""
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
 from lightning_rl.algorithms.impala import IMPALA
 from lightning_rl.batch import SampleBatch
-from lightning_rl.data.envs import EnvSpec
 from lightning_rl.functional import masked_mean, ppo_surrogate_loss
-from lightning_rl.nn.encoders import Activation, EncoderSpec
-from lightning_rl.policies import PolicyMapping
-from lightning_rl.settings import Schedule, check_positive
+from lightning_rl.settings import check_positive
 
 
 class APPO(IMPALA):
@@ -34,91 +30,24 @@ class APPO(IMPALA):
     ``target_network_update_freq`` trained env steps; ``kl = KL(pi_target || pi)``.
 
     Args:
-        num_envs: envs per sampler worker (of the learner process with ``num_workers=0``).
-        rollout_fragment_length: env steps per env in one worker fragment (the time axis of the ``[T, B]`` batch).
-        train_batch_size: env steps per training batch (whole fragments, rounded up).
-        lr_schedule: ``linear`` to 0 at ``total_env_steps`` (default if set), ``constant`` or ``[[env_step, lr], ...]``.
-        lambda_: V-trace's trace decay in [0, 1] (1: the paper's; lower trades bias for variance).
         clip_param: PPO's clip range of the ratio between the current and the target policy.
         use_kl_loss: add ``kl_coeff * KL(pi_target || pi)`` to the loss.
         kl_coeff: weight of the KL term (with ``use_kl_loss``).
         target_network_update_freq: trained env steps between target-policy refreshes.
-        max_seq_len: with ``use_lstm``, backpropagate through at most this many steps; ``None``: the whole fragment.
     """
+
+    setting_defaults: ClassVar[dict[str, Any]] = dict(lr=5e-4)
 
     def __init__(
         self,
-        env: EnvSpec = "CartPole-v1",
-        env_kwargs: dict[str, Any] | None = None,
-        num_workers: int = 2,
-        num_envs: int = 4,
-        rollout_fragment_length: int = 50,
-        train_batch_size: int = 500,
-        learner_queue_size: int = 16,
-        broadcast_interval: int = 1,
-        max_policy_lag: int | None = None,
-        sampler_timeout_s: float = 60.0,
-        restart_failed_workers: bool = False,
-        num_sgd_iter: int = 1,
-        minibatch_buffer_size: int = 1,
-        sgd_minibatch_size: int | None = None,
-        total_env_steps: int | None = 500_000,
-        iterations_per_epoch: int = 20,
-        seed: int | None = None,
-        vectorization: str = "auto",
-        num_cpu_threads: int | None = 1,
-        cpu_affinity: bool = True,
-        evaluation_interval: int | None = None,
-        evaluation_num_episodes: int = 10,
-        check_finite: bool = True,
-        compile: bool = False,
-        lr: float = 5e-4,
-        lr_schedule: Schedule = None,
-        gamma: float = 0.99,
-        lambda_: float = 1.0,
-        grad_clip: float | None = 40.0,
-        vf_loss_coeff: float = 0.5,
-        entropy_coeff: float = 0.01,
-        vtrace_clip_rho_threshold: float | None = 1.0,
-        vtrace_clip_pg_rho_threshold: float | None = 1.0,
-        hiddens: Sequence[int] = (64, 64),
-        activation: Activation = "tanh",
-        vf_share_layers: bool = False,
-        log_std_init: float = 0.0,
+        *,
         clip_param: float = 0.4,
         use_kl_loss: bool = False,
         kl_coeff: float = 1.0,
         target_network_update_freq: int = 1000,
-        use_lstm: bool = False,
-        lstm_cell_size: int = 64,
-        max_seq_len: int | None = None,
-        lstm_use_prev_action: bool = False,
-        lstm_use_prev_reward: bool = False,
-        policies: Sequence[str] | dict[str, dict[str, Any]] | None = None,
-        policy_mapping_fn: PolicyMapping | None = None,
-        policies_to_train: Sequence[str] | None = None,
-        encoder: EncoderSpec = None,
+        **settings: Any,
     ) -> None:
-        super().__init__(
-            env=env, env_kwargs=env_kwargs, num_workers=num_workers, num_envs=num_envs,
-            rollout_fragment_length=rollout_fragment_length, train_batch_size=train_batch_size,
-            learner_queue_size=learner_queue_size, broadcast_interval=broadcast_interval,
-            max_policy_lag=max_policy_lag, sampler_timeout_s=sampler_timeout_s,
-            restart_failed_workers=restart_failed_workers, num_sgd_iter=num_sgd_iter,
-            minibatch_buffer_size=minibatch_buffer_size, sgd_minibatch_size=sgd_minibatch_size,
-            total_env_steps=total_env_steps,
-            iterations_per_epoch=iterations_per_epoch, seed=seed, vectorization=vectorization,
-            num_cpu_threads=num_cpu_threads, cpu_affinity=cpu_affinity, evaluation_interval=evaluation_interval,
-            evaluation_num_episodes=evaluation_num_episodes, check_finite=check_finite, compile=compile, lr=lr,
-            lr_schedule=lr_schedule, gamma=gamma, lambda_=lambda_, grad_clip=grad_clip, vf_loss_coeff=vf_loss_coeff,
-            entropy_coeff=entropy_coeff, vtrace_clip_rho_threshold=vtrace_clip_rho_threshold,
-            vtrace_clip_pg_rho_threshold=vtrace_clip_pg_rho_threshold, hiddens=hiddens, activation=activation,
-            vf_share_layers=vf_share_layers, log_std_init=log_std_init, use_lstm=use_lstm,
-            lstm_cell_size=lstm_cell_size, max_seq_len=max_seq_len, lstm_use_prev_action=lstm_use_prev_action,
-            lstm_use_prev_reward=lstm_use_prev_reward, policies=policies,
-            policy_mapping_fn=policy_mapping_fn, policies_to_train=policies_to_train,
-            encoder=encoder,
-        )
+        super().__init__(**settings)
         self.save_hyperparameters()
         check_positive(clip_param=clip_param, target_network_update_freq=target_network_update_freq)
         if kl_coeff < 0:

@@ -9,10 +9,9 @@ state in ``checkpoint.py``, process settings in ``process.py``.
 
 from __future__ import annotations
 
-import copy
-import inspect
 import os
 import time
+import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -44,9 +43,19 @@ from lightning_rl.distributed import bypass_ddp_gradient_sync
 from lightning_rl.evaluation import log_evaluation
 from lightning_rl.functional import piecewise_linear
 from lightning_rl.learner_info import LearnerInfoBuilder
+from lightning_rl.nn.encoders import Activation
 from lightning_rl.policies import Policies, PolicyMapping
 from lightning_rl.process import ProcessSettings
-from lightning_rl.settings import check_positive, document_settings, plain_hyperparameters
+from lightning_rl.settings import (
+    Schedule,
+    check_gamma,
+    check_positive,
+    declare_settings,
+    document_settings,
+    plain_hyperparameters,
+    received_settings,
+    resolve_schedule,
+)
 from lightning_rl.update import LossFn, UpdateStep, check_updates
 
 
@@ -55,6 +64,14 @@ def multi_agent_algorithms() -> list[str]:
     return sorted(path.rsplit(".", 1)[-1] for path, cls in algorithm_registry().items()
                   if path.startswith("lightning_rl.algorithms.") and not path.endswith("Module")
                   and cls.supports_multi_agent)
+
+
+def _no_caller() -> types.FrameType:
+    """A frame without a caller: given it, Lightning's ``save_hyperparameters`` looks for no
+    ``__init__`` arguments on the stack and keeps exactly the dict it is given."""
+    def frame() -> Any:
+        yield
+    return frame().gi_frame
 
 
 def _of_policies(name: str, doc: str) -> property:
@@ -66,6 +83,10 @@ class Algorithm(pl.LightningModule):
 
     Subclasses build their networks into ``self.policies`` (``Policies.build``) and their
     default DataModule (``self.default_datamodule``), and implement ``learn_on_batch``.
+
+    Settings every algorithm takes are declared here, with PPO's defaults; an algorithm
+    declares only its own and takes the others as ``**settings`` (``settings.declare_settings``:
+    its full signature is still what ``help``, editors and the CLI show).
 
     Args:
         env: a registered gymnasium id or any callable returning a ``gymnasium.Env``
@@ -96,16 +117,26 @@ class Algorithm(pl.LightningModule):
 
     def __init__(
         self,
+        env: EnvSpec = "CartPole-v1",
         *,
-        env: EnvSpec,
         env_kwargs: dict[str, Any] | None = None,
-        total_env_steps: int | None,
-        seed: int | None,
-        num_cpu_threads: int | None,
-        cpu_affinity: bool,
-        evaluation_interval: int | None,
-        evaluation_num_episodes: int,
+        num_envs: int = 8,
+        total_env_steps: int | None = 100_000,
+        iterations_per_epoch: int = 10,
+        seed: int | None = None,
+        vectorization: str = "auto",
+        num_cpu_threads: int | None = 1,
+        cpu_affinity: bool = True,
+        evaluation_interval: int | None = None,
+        evaluation_num_episodes: int = 10,
+        check_finite: bool = True,
         compile: bool = False,
+        lr: float = 3e-4,
+        lr_schedule: Schedule = None,
+        gamma: float = 0.99,
+        grad_clip: float | None = 0.5,
+        hiddens: Sequence[int] = (64, 64),
+        activation: Activation = "tanh",
         policies: Sequence[str] | dict[str, dict[str, Any]] | None = None,
         policy_mapping_fn: PolicyMapping | None = None,
         policies_to_train: Sequence[str] | None = None,
@@ -117,8 +148,15 @@ class Algorithm(pl.LightningModule):
         env = env_spec(env, env_kwargs)  # one picklable spec from here on; hparams keep env and env_kwargs
         if total_env_steps is not None and total_env_steps < 1:
             raise ValueError(f"total_env_steps must be >= 1 or None, got {total_env_steps}")
-        check_positive(evaluation_interval=evaluation_interval, evaluation_num_episodes=evaluation_num_episodes)
+        check_positive(evaluation_interval=evaluation_interval, evaluation_num_episodes=evaluation_num_episodes,
+                       lr=lr, grad_clip=grad_clip)
+        check_gamma(gamma)
         self.env_spec, self.total_env_steps, self.seed = env, total_env_steps, seed
+        self.num_envs, self.iterations_per_epoch = num_envs, iterations_per_epoch
+        self.vectorization, self.check_finite = vectorization, check_finite
+        self.lr, self.gamma, self.grad_clip = lr, gamma, grad_clip
+        self.lr_points = resolve_schedule("lr_schedule", lr_schedule, lr, total_env_steps, self.lr_schedule_unset)
+        self.hiddens, self.activation = hiddens, activation
         self.evaluation_interval, self.evaluation_num_episodes = evaluation_interval, evaluation_num_episodes
         self.process_settings = ProcessSettings(num_cpu_threads, cpu_affinity)
         self.compile = bool(compile)
@@ -156,21 +194,23 @@ class Algorithm(pl.LightningModule):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         register_algorithm(cls)  # checkpoints and the CLI resolve algorithms among the defined ones
+        declare_settings(cls, Algorithm)  # its signature: the inherited settings and its own
         document_settings(cls)  # its Args: its own descriptions, and the shared ones of settings.py
 
     def save_hyperparameters(self, *args: Any, ignore: Sequence[str] | str | None = None, frame: Any = None,
                              logger: bool = True) -> None:
-        """Lightning's ``save_hyperparameters``, except that callable hyperparameters (an env
-        factory, a lambda) are kept as a ``"<callable name>"`` placeholder: Lightning would drop
-        the ones it cannot pickle, and a checkpoint that holds code cannot load safely."""
-        frame = frame if frame is not None else inspect.currentframe().f_back
+        """Save the settings this module was made with (its class's signature, defaults filled
+        in; ``args``: only these names) as Lightning's ``hparams``, except that callable
+        ones (an env factory, a lambda) are kept as a ``"<callable name>"`` placeholder:
+        Lightning would drop the ones it cannot pickle, and a checkpoint that holds code cannot
+        load safely. ``frame`` is not read: the settings are known whole."""
         ignore = [ignore] if isinstance(ignore, str) else list(ignore or [])
-        replaced = plain_hyperparameters({k: v for k, v in frame.f_locals.items() if k not in ("self", "__class__")},
-                                         ignore)
-        super().save_hyperparameters(*args, ignore=ignore + list(replaced), frame=frame, logger=logger)
-        for name, value in replaced.items():
-            self._hparams[name] = value
-            self._hparams_initial[name] = copy.deepcopy(value)
+        settings = received_settings(self)
+        if args:
+            settings = {name: settings[name] for name in args}
+        settings = {k: v for k, v in settings.items() if k not in ignore}
+        settings.update(plain_hyperparameters(settings, ignore))
+        super().save_hyperparameters(settings, frame=_no_caller(), logger=logger)
         # what loggers record (hparams.yaml) beside the settings, so `plot` tells algorithms apart
         self._hparams_initial.setdefault("algorithm", class_path(type(self)))
 

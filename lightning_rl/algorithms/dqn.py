@@ -4,18 +4,14 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
 from lightning_rl.algorithms.off_policy import OffPolicyModule
 from lightning_rl.batch import SampleBatch
-from lightning_rl.data.envs import EnvSpec
 from lightning_rl.functional import double_q_target, huber_loss, soft_update_
 from lightning_rl.nn.q_models import QNetwork
-from lightning_rl.policies import PolicyMapping
-from lightning_rl.settings import Schedule
 from lightning_rl.update import call, policy_loss
 
 
@@ -44,69 +40,27 @@ class DQN(OffPolicyModule):
         policies: multi-agent: policy ids or ``{id: settings}``; each policy has its own replay, Q-network and target.
     """
 
+    setting_defaults: ClassVar[dict[str, Any]] = dict(
+        num_envs=1, total_env_steps=60_000, iterations_per_epoch=50, lr=1e-3, grad_clip=10.0, hiddens=(256, 256),
+        activation="relu",
+    )
+
     def __init__(
         self,
-        env: EnvSpec = "CartPole-v1",
-        env_kwargs: dict[str, Any] | None = None,
-        num_envs: int = 1,
-        total_env_steps: int | None = 60_000,
-        iterations_per_epoch: int = 50,
-        seed: int | None = None,
-        vectorization: str = "auto",
-        sampling_device: str = "cpu",
-        num_cpu_threads: int | None = 1,
-        cpu_affinity: bool = True,
-        evaluation_interval: int | None = None,
-        evaluation_num_episodes: int = 10,
-        check_finite: bool = True,
-        compile: bool = False,
-        lr: float = 1e-3,
-        lr_schedule: Schedule = None,
-        gamma: float = 0.99,
-        buffer_size: int = 100_000,
-        learning_starts: int = 1000,
-        train_freq: int = 64,
-        num_gradient_steps: int = 64,
-        train_batch_size: int = 64,
-        n_step: int = 3,
-        grad_clip: float | None = 10.0,
-        hiddens: Sequence[int] = (256, 256),
-        activation: str = "relu",
+        *,
         double_q: bool = True,
         dueling: bool = True,
-        target_network_update_freq: int = 1000,
-        tau: float = 1.0,
         epsilon_start: float = 1.0,
         epsilon_end: float = 0.02,
         epsilon_timesteps: int = 10_000,
-        prioritized_replay: bool = False,
-        prioritized_replay_alpha: float = 0.6,
-        prioritized_replay_beta: float = 0.4,
-        prioritized_replay_eps: float = 1e-6,
-        checkpoint_replay_buffer: bool = True,
-        policies: Sequence[str] | dict[str, dict[str, Any]] | None = None,
-        policy_mapping_fn: PolicyMapping | None = None,
-        policies_to_train: Sequence[str] | None = None,
+        **settings: Any,
     ) -> None:
-        super().__init__(
-            env=env, env_kwargs=env_kwargs,
-            num_envs=num_envs, total_env_steps=total_env_steps, iterations_per_epoch=iterations_per_epoch,
-            seed=seed, vectorization=vectorization, sampling_device=sampling_device, num_cpu_threads=num_cpu_threads,
-            cpu_affinity=cpu_affinity, evaluation_interval=evaluation_interval,
-            evaluation_num_episodes=evaluation_num_episodes, check_finite=check_finite, compile=compile,
-            lr=lr, lr_schedule=lr_schedule, gamma=gamma, grad_clip=grad_clip, buffer_size=buffer_size,
-            learning_starts=learning_starts, train_freq=train_freq, num_gradient_steps=num_gradient_steps,
-            train_batch_size=train_batch_size, n_step=n_step, target_network_update_freq=target_network_update_freq,
-            tau=tau, prioritized_replay=prioritized_replay, prioritized_replay_alpha=prioritized_replay_alpha,
-            prioritized_replay_beta=prioritized_replay_beta, prioritized_replay_eps=prioritized_replay_eps,
-            checkpoint_replay_buffer=checkpoint_replay_buffer, policies=policies,
-            policy_mapping_fn=policy_mapping_fn, policies_to_train=policies_to_train,
-        )
+        super().__init__(**settings)
         self.save_hyperparameters()
         if not 0.0 <= epsilon_end <= 1.0 or not 0.0 <= epsilon_start <= 1.0:
             raise ValueError(f"epsilon_start and epsilon_end must be in [0, 1], got {epsilon_start}, {epsilon_end}")
         self.double_q = double_q
-        self.build_policies(QNetwork, hiddens=hiddens, activation=activation, dueling=dueling)
+        self.build_policies(QNetwork, hiddens=self.hiddens, activation=self.activation, dueling=dueling)
         self.target_q = copy.deepcopy(self.policies).requires_grad_(False)
         self.epsilon_points = [(0.0, epsilon_start), (float(max(epsilon_timesteps, 1)), epsilon_end)]
 

@@ -3,13 +3,13 @@ by asynchronous sampler workers, its policy lag corrected by V-trace."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
 from lightning_rl.algorithms.base import Algorithm
+from lightning_rl.algorithms.common import ActorCriticSettings, LearnerQueue, RecurrentSettings, SamplerWorkers
 from lightning_rl.batch import (
     BOOTSTRAP,
     EPISODE_STARTS,
@@ -20,18 +20,15 @@ from lightning_rl.batch import (
     SampleBatch,
 )
 from lightning_rl.data.async_sampling import AsyncSamplingDataModule
-from lightning_rl.data.envs import EnvSpec
 from lightning_rl.functional import explained_variance, masked_mean, vtrace
 from lightning_rl.learner_info import LEARNER_STATS_KEY, LearnerInfoBuilder
-from lightning_rl.nn.encoders import Activation, EncoderSpec
 from lightning_rl.nn.models import ActorCritic
 from lightning_rl.nn.recurrent import RecurrentActorCritic
-from lightning_rl.policies import PolicyMapping
-from lightning_rl.settings import Schedule, check_gamma, check_positive, resolve_schedule
+from lightning_rl.settings import check_positive
 from lightning_rl.update import call, policy_loss
 
 
-class IMPALA(Algorithm):
+class IMPALA(ActorCriticSettings, RecurrentSettings, SamplerWorkers, LearnerQueue, Algorithm):
     """IMPALA: one gradient step per training batch of time-major fragments from sampler workers.
 
     Loss, over the real (non-reset) rows of a ``[T, B]`` batch::
@@ -57,102 +54,48 @@ class IMPALA(Algorithm):
         max_seq_len: with ``use_lstm``, backpropagate through at most this many steps; ``None``: the whole fragment.
     """
 
+    setting_defaults: ClassVar[dict[str, Any]] = dict(
+        num_envs=4, rollout_fragment_length=50, total_env_steps=500_000, iterations_per_epoch=20, lr=2e-3,
+        lambda_=1.0, grad_clip=40.0, entropy_coeff=0.01, max_seq_len=None,
+    )
+
     def __init__(
         self,
-        env: EnvSpec = "CartPole-v1",
-        env_kwargs: dict[str, Any] | None = None,
-        num_workers: int = 2,
-        num_envs: int = 4,
-        rollout_fragment_length: int = 50,
+        *,
         train_batch_size: int = 500,
-        learner_queue_size: int = 16,
-        broadcast_interval: int = 1,
-        max_policy_lag: int | None = None,
-        sampler_timeout_s: float = 60.0,
-        restart_failed_workers: bool = False,
         num_sgd_iter: int = 1,
         minibatch_buffer_size: int = 1,
         sgd_minibatch_size: int | None = None,
-        total_env_steps: int | None = 500_000,
-        iterations_per_epoch: int = 20,
-        seed: int | None = None,
-        vectorization: str = "auto",
-        num_cpu_threads: int | None = 1,
-        cpu_affinity: bool = True,
-        evaluation_interval: int | None = None,
-        evaluation_num_episodes: int = 10,
-        check_finite: bool = True,
-        compile: bool = False,
-        lr: float = 2e-3,
-        lr_schedule: Schedule = None,
-        gamma: float = 0.99,
-        lambda_: float = 1.0,
-        grad_clip: float | None = 40.0,
-        vf_loss_coeff: float = 0.5,
-        entropy_coeff: float = 0.01,
         vtrace_clip_rho_threshold: float | None = 1.0,
         vtrace_clip_pg_rho_threshold: float | None = 1.0,
-        hiddens: Sequence[int] = (64, 64),
-        activation: Activation = "tanh",
-        vf_share_layers: bool = False,
-        log_std_init: float = 0.0,
-        use_lstm: bool = False,
-        lstm_cell_size: int = 64,
-        max_seq_len: int | None = None,
-        lstm_use_prev_action: bool = False,
-        lstm_use_prev_reward: bool = False,
-        policies: Sequence[str] | dict[str, dict[str, Any]] | None = None,
-        policy_mapping_fn: PolicyMapping | None = None,
-        policies_to_train: Sequence[str] | None = None,
-        encoder: EncoderSpec = None,
+        **settings: Any,
     ) -> None:
-        super().__init__(
-            env=env, env_kwargs=env_kwargs, total_env_steps=total_env_steps, seed=seed, num_cpu_threads=num_cpu_threads,
-            cpu_affinity=cpu_affinity, evaluation_interval=evaluation_interval,
-            evaluation_num_episodes=evaluation_num_episodes, compile=compile, policies=policies,
-            policy_mapping_fn=policy_mapping_fn, policies_to_train=policies_to_train,
-        )
+        super().__init__(**settings)
         self.save_hyperparameters()
-        check_positive(lr=lr, grad_clip=grad_clip, vtrace_clip_rho_threshold=vtrace_clip_rho_threshold,
+        check_positive(vtrace_clip_rho_threshold=vtrace_clip_rho_threshold,
                        vtrace_clip_pg_rho_threshold=vtrace_clip_pg_rho_threshold)
-        check_gamma(gamma)
-        if not 0.0 <= lambda_ <= 1.0:
-            raise ValueError(f"lambda_ must be in [0, 1], got {lambda_}")
+        T = self.rollout_fragment_length
         self.default_datamodule = AsyncSamplingDataModule(
-            self.env_spec, num_workers=num_workers, num_envs=num_envs, rollout_fragment_length=rollout_fragment_length,
-            train_batch_size=train_batch_size, learner_queue_size=learner_queue_size,
-            broadcast_interval=broadcast_interval, max_policy_lag=max_policy_lag,
-            sampler_timeout_s=sampler_timeout_s, restart_failed_workers=restart_failed_workers,
-            num_sgd_iter=num_sgd_iter, minibatch_buffer_size=minibatch_buffer_size, vectorization=vectorization,
-            seed=seed, iterations_per_epoch=iterations_per_epoch, check_finite=check_finite,
+            self.env_spec, num_envs=self.num_envs, rollout_fragment_length=T, train_batch_size=train_batch_size,
+            num_sgd_iter=num_sgd_iter, minibatch_buffer_size=minibatch_buffer_size, vectorization=self.vectorization,
+            seed=self.seed, iterations_per_epoch=self.iterations_per_epoch, check_finite=self.check_finite,
+            **self.worker_settings, **self.queue_settings,
             **(dict(policy_mapping_fn=self.policy_mapping_fn, policy_agents=self.policy_agents,
                     policy_spaces=self.policy_spaces) if self.multi_agent else {}),
         )
         if sgd_minibatch_size is not None:
-            batch, T = self.default_datamodule.train_batch_size, rollout_fragment_length
+            batch = self.default_datamodule.train_batch_size
             if sgd_minibatch_size % T or batch % sgd_minibatch_size:
                 raise ValueError(
                     f"sgd_minibatch_size ({sgd_minibatch_size}) must be a multiple of rollout_fragment_length ({T}) "
                     f"that divides the train batch ({batch} env steps): minibatches are whole env columns"
                 )
         self.sgd_minibatch_size = sgd_minibatch_size
-        self.lr = lr
-        self.lr_points = resolve_schedule("lr_schedule", lr_schedule, lr, total_env_steps, self.lr_schedule_unset)
-        self.gamma, self.lambda_, self.grad_clip = gamma, lambda_, grad_clip
-        self.vf_loss_coeff, self.entropy_coeff = vf_loss_coeff, entropy_coeff
         self.clip_rho, self.clip_pg_rho = vtrace_clip_rho_threshold, vtrace_clip_pg_rho_threshold
-        defaults = dict(hiddens=hiddens, activation=activation, vf_share_layers=vf_share_layers,
-                        log_std_init=log_std_init, encoder=encoder)
-        self.use_lstm, self.max_seq_len = use_lstm, max_seq_len
-        if use_lstm:
-            if self.multi_agent:
-                raise ValueError("use_lstm with a multi-agent (PettingZoo) env is not supported yet")
-            if max_seq_len is not None and (max_seq_len < 1 or rollout_fragment_length % max_seq_len):
-                raise ValueError(f"max_seq_len ({max_seq_len}) must divide rollout_fragment_length "
-                                 f"({rollout_fragment_length})")
-            defaults.update(lstm_cell_size=lstm_cell_size, lstm_use_prev_action=lstm_use_prev_action,
-                            lstm_use_prev_reward=lstm_use_prev_reward)
-        self.build_policies(RecurrentActorCritic if use_lstm else ActorCritic, **defaults)
+        if self.max_seq_len is not None and (self.max_seq_len < 1 or T % self.max_seq_len):
+            raise ValueError(f"max_seq_len ({self.max_seq_len}) must divide rollout_fragment_length ({T})")
+        self.build_policies(RecurrentActorCritic if self.use_lstm else ActorCritic, **self.network_settings,
+                            **self.recurrent_settings)
 
     supports_multi_agent = True  # time-major columns per (env, agent): MultiAgentFragmentSampler
     lr_schedule_unset = "linear"  # with a constant rate the greedy policy swings to the end of a budget

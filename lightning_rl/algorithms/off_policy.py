@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -10,14 +9,12 @@ import torch
 
 from lightning_rl.algorithms.base import Algorithm
 from lightning_rl.batch import MultiAgentBatch, SampleBatch
-from lightning_rl.data.envs import EnvSpec
 from lightning_rl.data.multi_agent_replay import MultiAgentReplayDataModule
 from lightning_rl.data.replay import ReplayDataModule
 from lightning_rl.data.spaces import valid_point
 from lightning_rl.distributed import all_reduce_max
 from lightning_rl.learner_info import LEARNER_STATS_KEY, LearnerInfoBuilder
-from lightning_rl.policies import PolicyMapping
-from lightning_rl.settings import Schedule, check_gamma, check_positive, resolve_schedule
+from lightning_rl.settings import check_positive
 
 
 class OffPolicyModule(Algorithm):
@@ -38,50 +35,24 @@ class OffPolicyModule(Algorithm):
     def __init__(
         self,
         *,
-        env: EnvSpec,
-        env_kwargs: dict[str, Any] | None = None,
-        num_envs: int,
-        total_env_steps: int | None,
-        iterations_per_epoch: int,
-        seed: int | None,
-        vectorization: str,
-        sampling_device: str,
-        num_cpu_threads: int | None,
-        cpu_affinity: bool,
-        evaluation_interval: int | None,
-        evaluation_num_episodes: int,
-        check_finite: bool,
-        compile: bool,
-        lr: float,
-        lr_schedule: Schedule,
-        gamma: float,
-        grad_clip: float | None,
-        buffer_size: int,
-        learning_starts: int,
-        train_freq: int,
-        num_gradient_steps: int,
-        train_batch_size: int,
-        n_step: int,
-        target_network_update_freq: int,
-        tau: float,
-        prioritized_replay: bool,
-        prioritized_replay_alpha: float,
-        prioritized_replay_beta: float,
-        prioritized_replay_eps: float,
-        checkpoint_replay_buffer: bool,
-        policies: Sequence[str] | dict[str, dict[str, Any]] | None = None,
-        policy_mapping_fn: PolicyMapping | None = None,
-        policies_to_train: Sequence[str] | None = None,
+        sampling_device: str = "cpu",
+        buffer_size: int = 100_000,
+        learning_starts: int = 1000,
+        train_freq: int = 64,
+        num_gradient_steps: int = 64,
+        train_batch_size: int = 64,
+        n_step: int = 3,
+        target_network_update_freq: int = 1000,
+        tau: float = 1.0,
+        prioritized_replay: bool = False,
+        prioritized_replay_alpha: float = 0.6,
+        prioritized_replay_beta: float = 0.4,
+        prioritized_replay_eps: float = 1e-6,
+        checkpoint_replay_buffer: bool = True,
+        **settings: Any,
     ) -> None:
-        super().__init__(
-            env=env, env_kwargs=env_kwargs, total_env_steps=total_env_steps, seed=seed, num_cpu_threads=num_cpu_threads,
-            cpu_affinity=cpu_affinity, evaluation_interval=evaluation_interval,
-            evaluation_num_episodes=evaluation_num_episodes, compile=compile, policies=policies,
-            policy_mapping_fn=policy_mapping_fn, policies_to_train=policies_to_train,
-        )
-        check_positive(lr=lr, grad_clip=grad_clip, num_gradient_steps=num_gradient_steps,
-                       train_batch_size=train_batch_size)
-        check_gamma(gamma)
+        super().__init__(**settings)
+        check_positive(num_gradient_steps=num_gradient_steps, train_batch_size=train_batch_size)
         if buffer_size < train_batch_size:
             raise ValueError(f"buffer_size ({buffer_size}) is smaller than train_batch_size ({train_batch_size})")
         if target_network_update_freq < 0:
@@ -90,30 +61,26 @@ class OffPolicyModule(Algorithm):
             raise ValueError(f"tau must be in (0, 1], got {tau}")
         if not 0.0 <= prioritized_replay_beta <= 1.0:
             raise ValueError(f"prioritized_replay_beta must be in [0, 1], got {prioritized_replay_beta}")
-        self.lr = lr
-        self.lr_points = resolve_schedule("lr_schedule", lr_schedule, lr, total_env_steps, self.lr_schedule_unset)
-        self.grad_clip = grad_clip
-        self.gamma = gamma
         self.num_gradient_steps = num_gradient_steps
         self.train_batch_size = train_batch_size
         self.target_network_update_freq = target_network_update_freq
         self.tau = tau
         # Importance exponent annealed to 1 over the budget (constant without one).
         self.prioritized_replay_beta = prioritized_replay_beta
-        self.beta_points = None if total_env_steps is None else [(0.0, prioritized_replay_beta),
-                                                                 (float(total_env_steps), 1.0)]
-        replay = dict(num_envs=num_envs, buffer_size=buffer_size, learning_starts=learning_starts,
-                      train_freq=train_freq, n_step=n_step, gamma=gamma, prioritized_replay=prioritized_replay,
+        budget = self.total_env_steps
+        self.beta_points = None if budget is None else [(0.0, prioritized_replay_beta), (float(budget), 1.0)]
+        replay = dict(num_envs=self.num_envs, buffer_size=buffer_size, learning_starts=learning_starts,
+                      train_freq=train_freq, n_step=n_step, gamma=self.gamma, prioritized_replay=prioritized_replay,
                       prioritized_replay_alpha=prioritized_replay_alpha,
-                      prioritized_replay_eps=prioritized_replay_eps, seed=seed,
-                      iterations_per_epoch=iterations_per_epoch, sampling_device=sampling_device,
+                      prioritized_replay_eps=prioritized_replay_eps, seed=self.seed,
+                      iterations_per_epoch=self.iterations_per_epoch, sampling_device=sampling_device,
                       checkpoint_replay_buffer=checkpoint_replay_buffer)
         if self.multi_agent:
             self.default_datamodule = MultiAgentReplayDataModule(self.env_spec, self.policy_mapping_fn,
                                                                  self.policy_spaces, **replay)
         else:
-            self.default_datamodule = ReplayDataModule(self.env_spec, vectorization=vectorization,
-                                                       check_finite=check_finite, **replay)
+            self.default_datamodule = ReplayDataModule(self.env_spec, vectorization=self.vectorization,
+                                                       check_finite=self.check_finite, **replay)
         self._last_target_update = 0
 
     def update(self, policy_id: str, batch: SampleBatch) -> dict[str, Any]:

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from lightning_rl.algorithms.base import Algorithm
+from lightning_rl.algorithms.common import ActorCriticSettings, RecurrentSettings
 from lightning_rl.batch import (
     BOOTSTRAP,
     DEFAULT_POLICY_ID,
@@ -21,22 +22,19 @@ from lightning_rl.batch import (
     SampleBatch,
 )
 from lightning_rl.data.base import eval_mode
-from lightning_rl.data.envs import EnvSpec
 from lightning_rl.data.multi_agent import BOOTSTRAP_MASK, SEGMENT_LENGTHS, MultiAgentRolloutDataModule
 from lightning_rl.data.rollout import DISCOUNTED_RETURNS, RolloutDataModule
 from lightning_rl.data.spaces import valid_point
 from lightning_rl.distributed import all_reduce_max, sum_over_ranks
 from lightning_rl.functional import gae_batch, gae_segments, gae_sequences, moments, standardized
 from lightning_rl.learner_info import LEARNER_STATS_KEY, LearnerInfoBuilder
-from lightning_rl.nn.encoders import Activation, EncoderSpec
 from lightning_rl.nn.models import ActorCritic, preprocess_obs
 from lightning_rl.nn.recurrent import RecurrentActorCritic
-from lightning_rl.policies import PolicyMapping
-from lightning_rl.settings import Schedule, check_gamma, check_positive, resolve_schedule
+from lightning_rl.settings import check_positive
 from lightning_rl.update import call, policy_loss
 
 
-class OnPolicyModule(Algorithm):
+class OnPolicyModule(ActorCriticSettings, RecurrentSettings, Algorithm):
     """Actor-critic learner on rollouts: GAE, standardized fields, minibatch SGD.
 
     Each iteration's batch of ``num_envs * rollout_fragment_length`` env steps is
@@ -63,54 +61,18 @@ class OnPolicyModule(Algorithm):
     def __init__(
         self,
         *,
-        env: EnvSpec,
-        env_kwargs: dict[str, Any] | None = None,
-        num_envs: int,
-        rollout_fragment_length: int,
-        total_env_steps: int | None,
-        iterations_per_epoch: int,
-        seed: int | None,
-        vectorization: str,
-        sampling_device: str,
-        num_cpu_threads: int | None,
-        cpu_affinity: bool,
-        evaluation_interval: int | None,
-        evaluation_num_episodes: int,
-        check_finite: bool,
-        compile: bool,
-        lr: float,
-        lr_schedule: Schedule,
-        gamma: float,
-        lambda_: float,
-        num_sgd_iter: int,
-        sgd_minibatch_size: int,
-        grad_clip: float | None,
-        standardize_fields: Sequence[str],
-        hiddens: Sequence[int],
-        activation: Activation,
-        vf_share_layers: bool,
-        log_std_init: float,
-        policies: Sequence[str] | dict[str, dict[str, Any]] | None = None,
-        policy_mapping_fn: PolicyMapping | None = None,
-        policies_to_train: Sequence[str] | None = None,
+        sampling_device: str = "cpu",
+        num_sgd_iter: int = 10,
+        sgd_minibatch_size: int | None = 64,
+        standardize_fields: Sequence[str] = ("advantages",),
         count_steps_by: Literal["env_steps", "agent_steps"] = "env_steps",
-        use_lstm: bool = False,
-        lstm_cell_size: int = 64,
-        max_seq_len: int = 16,
-        lstm_use_prev_action: bool = False,
-        lstm_use_prev_reward: bool = False,
-        encoder: EncoderSpec = None,
         normalize_observations: bool = False,
         observation_clip: float | None = 10.0,
         normalize_rewards: bool = False,
         reward_clip: float | None = 10.0,
+        **settings: Any,
     ) -> None:
-        super().__init__(
-            env=env, env_kwargs=env_kwargs, total_env_steps=total_env_steps, seed=seed, num_cpu_threads=num_cpu_threads,
-            cpu_affinity=cpu_affinity, evaluation_interval=evaluation_interval,
-            evaluation_num_episodes=evaluation_num_episodes, compile=compile, policies=policies,
-            policy_mapping_fn=policy_mapping_fn, policies_to_train=policies_to_train,
-        )
+        super().__init__(**settings)
         if count_steps_by not in ("env_steps", "agent_steps"):
             raise ValueError(f"count_steps_by must be 'env_steps' or 'agent_steps', got {count_steps_by!r}")
         if count_steps_by == "agent_steps":
@@ -120,48 +82,36 @@ class OnPolicyModule(Algorithm):
                              "(normalize_observations is)")
         if self.multi_agent:
             self.default_datamodule = MultiAgentRolloutDataModule(
-                self.env_spec, self.policy_mapping_fn, num_envs, rollout_fragment_length, seed, iterations_per_epoch,
-                sampling_device, count_steps_by,
+                self.env_spec, self.policy_mapping_fn, self.num_envs, self.rollout_fragment_length, self.seed,
+                self.iterations_per_epoch, sampling_device, count_steps_by,
             )
         else:
             self.default_datamodule = RolloutDataModule(
-                self.env_spec, num_envs, rollout_fragment_length, vectorization, seed, iterations_per_epoch,
-                sampling_device, check_finite, return_discount=gamma if normalize_rewards else None,
+                self.env_spec, self.num_envs, self.rollout_fragment_length, self.vectorization, self.seed,
+                self.iterations_per_epoch, sampling_device, self.check_finite,
+                return_discount=self.gamma if normalize_rewards else None,
             )
-        check_positive(lr=lr, grad_clip=grad_clip, num_sgd_iter=num_sgd_iter, sgd_minibatch_size=sgd_minibatch_size)
-        check_gamma(gamma)
-        if not 0.0 <= lambda_ <= 1.0:
-            raise ValueError(f"lambda_ must be in [0, 1], got {lambda_}")
+        check_positive(num_sgd_iter=num_sgd_iter, sgd_minibatch_size=sgd_minibatch_size)
         self.train_batch_size = self.default_datamodule.train_batch_size
-        if sgd_minibatch_size > self.train_batch_size:
+        if sgd_minibatch_size is not None and sgd_minibatch_size > self.train_batch_size:
             raise ValueError(
                 f"sgd_minibatch_size ({sgd_minibatch_size}) is larger than the train batch "
                 f"(num_envs * rollout_fragment_length = {self.train_batch_size})"
             )
-        self.lr = lr
-        self.lr_points = resolve_schedule("lr_schedule", lr_schedule, lr, total_env_steps)
-        self.gamma, self.lambda_ = gamma, lambda_
-        self.grad_clip = grad_clip
         self.standardize_fields = tuple(standardize_fields)
         self.num_sgd_iter = num_sgd_iter
-        self.sgd_minibatch_size = sgd_minibatch_size
-        self.num_minibatches = math.ceil(self.train_batch_size / sgd_minibatch_size)
-        defaults = dict(hiddens=hiddens, activation=activation, vf_share_layers=vf_share_layers,
-                        log_std_init=log_std_init, encoder=encoder, normalize_observations=normalize_observations,
-                        observation_clip=observation_clip, normalize_rewards=normalize_rewards,
-                        reward_clip=reward_clip)
-        self.max_seq_len = max_seq_len if use_lstm else None
-        if use_lstm:
-            self.check_recurrent_settings(max_seq_len, rollout_fragment_length)
-            defaults.update(lstm_cell_size=lstm_cell_size, lstm_use_prev_action=lstm_use_prev_action,
-                            lstm_use_prev_reward=lstm_use_prev_reward)
-        self.build_policies(RecurrentActorCritic if use_lstm else ActorCritic, **defaults)
+        self.sgd_minibatch_size = sgd_minibatch_size or self.train_batch_size  # None: the whole batch
+        self.num_minibatches = math.ceil(self.train_batch_size / self.sgd_minibatch_size)
+        if self.use_lstm:
+            self.check_recurrent_settings(self.max_seq_len, self.rollout_fragment_length)
+        self.build_policies(RecurrentActorCritic if self.use_lstm else ActorCritic, **self.network_settings,
+                            **self.recurrent_settings, normalize_observations=normalize_observations,
+                            observation_clip=observation_clip, normalize_rewards=normalize_rewards,
+                            reward_clip=reward_clip)
 
     def check_recurrent_settings(self, max_seq_len: int, rollout_fragment_length: int) -> None:
         """Training sequences are ``max_seq_len`` steps of one env cut from its fragment, so they
         need no padding; a minibatch holds whole sequences."""
-        if self.multi_agent:
-            raise ValueError("use_lstm with a multi-agent (PettingZoo) env is not supported yet")
         if max_seq_len < 1 or rollout_fragment_length % max_seq_len:
             raise ValueError(f"max_seq_len ({max_seq_len}) must divide rollout_fragment_length "
                              f"({rollout_fragment_length}): each env's fragment is cut into sequences of that length")

@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from lightning_rl.algorithms.on_policy import OnPolicyModule
 from lightning_rl.batch import SampleBatch
-from lightning_rl.data.envs import EnvSpec
 from lightning_rl.distributed import mean_over_ranks
 from lightning_rl.functional import explained_variance, masked_mean, ppo_surrogate_loss, value_loss
-from lightning_rl.nn.encoders import Activation, EncoderSpec
-from lightning_rl.policies import PolicyMapping
 from lightning_rl.settings import Schedule, resolve_schedule
 
 
@@ -37,80 +33,23 @@ class PPO(OnPolicyModule):
 
     def __init__(
         self,
-        env: EnvSpec = "CartPole-v1",
-        env_kwargs: dict[str, Any] | None = None,
-        num_envs: int = 8,
-        rollout_fragment_length: int = 32,
-        total_env_steps: int | None = 100_000,
-        iterations_per_epoch: int = 10,
-        seed: int | None = None,
-        vectorization: str = "auto",
-        sampling_device: str = "cpu",
-        num_cpu_threads: int | None = 1,
-        cpu_affinity: bool = True,
-        evaluation_interval: int | None = None,
-        evaluation_num_episodes: int = 10,
-        check_finite: bool = True,
-        compile: bool = False,
-        lr: float = 3e-4,
-        lr_schedule: Schedule = None,
-        gamma: float = 0.99,
-        lambda_: float = 0.95,
-        num_sgd_iter: int = 10,
-        sgd_minibatch_size: int = 64,
-        grad_clip: float | None = 0.5,
-        standardize_fields: Sequence[str] = ("advantages",),
-        hiddens: Sequence[int] = (64, 64),
-        activation: Activation = "tanh",
-        vf_share_layers: bool = False,
-        log_std_init: float = 0.0,
+        *,
         clip_param: float = 0.2,
         clip_param_schedule: Schedule = None,
         vf_clip_param: float | None = None,
-        vf_loss_coeff: float = 0.5,
-        entropy_coeff: float = 0.0,
         kl_coeff: float = 0.0,
         kl_target: float = 0.01,
-        policies: Sequence[str] | dict[str, dict[str, Any]] | None = None,
-        policy_mapping_fn: PolicyMapping | None = None,
-        policies_to_train: Sequence[str] | None = None,
-        count_steps_by: Literal["env_steps", "agent_steps"] = "env_steps",
-        use_lstm: bool = False,
-        lstm_cell_size: int = 64,
-        max_seq_len: int = 16,
-        lstm_use_prev_action: bool = False,
-        lstm_use_prev_reward: bool = False,
-        encoder: EncoderSpec = None,
-        normalize_observations: bool = False,
-        observation_clip: float | None = 10.0,
-        normalize_rewards: bool = False,
-        reward_clip: float | None = 10.0,
+        **settings: Any,
     ) -> None:
-        super().__init__(
-            env=env, env_kwargs=env_kwargs, num_envs=num_envs, rollout_fragment_length=rollout_fragment_length,
-            total_env_steps=total_env_steps, iterations_per_epoch=iterations_per_epoch, seed=seed,
-            vectorization=vectorization, sampling_device=sampling_device, num_cpu_threads=num_cpu_threads,
-            cpu_affinity=cpu_affinity, evaluation_interval=evaluation_interval,
-            evaluation_num_episodes=evaluation_num_episodes, check_finite=check_finite, compile=compile,
-            lr=lr, lr_schedule=lr_schedule, gamma=gamma, lambda_=lambda_,
-            num_sgd_iter=num_sgd_iter, sgd_minibatch_size=sgd_minibatch_size,
-            grad_clip=grad_clip, standardize_fields=standardize_fields, hiddens=hiddens, activation=activation,
-            vf_share_layers=vf_share_layers, log_std_init=log_std_init, policies=policies,
-            policy_mapping_fn=policy_mapping_fn, policies_to_train=policies_to_train,
-            count_steps_by=count_steps_by, use_lstm=use_lstm, lstm_cell_size=lstm_cell_size,
-            max_seq_len=max_seq_len, lstm_use_prev_action=lstm_use_prev_action,
-            lstm_use_prev_reward=lstm_use_prev_reward,
-            encoder=encoder, normalize_observations=normalize_observations, observation_clip=observation_clip,
-            normalize_rewards=normalize_rewards, reward_clip=reward_clip,
-        )
+        super().__init__(**settings)
         self.save_hyperparameters()
         if clip_param <= 0 or (vf_clip_param is not None and vf_clip_param <= 0):
             raise ValueError(f"clip_param and vf_clip_param must be positive, got {clip_param}, {vf_clip_param}")
         if kl_coeff < 0 or kl_target <= 0:
             raise ValueError(f"kl_coeff must be >= 0 and kl_target > 0, got {kl_coeff}, {kl_target}")
         self.clip_param, self.vf_clip_param = clip_param, vf_clip_param
-        self.clip_points = resolve_schedule("clip_param_schedule", clip_param_schedule, clip_param, total_env_steps)
-        self.vf_loss_coeff, self.entropy_coeff = vf_loss_coeff, entropy_coeff
+        self.clip_points = resolve_schedule("clip_param_schedule", clip_param_schedule, clip_param,
+                                            self.total_env_steps)
         self.kl_coeff = {policy_id: float(kl_coeff) for policy_id in self.policies}
         self.kl_target = kl_target
 

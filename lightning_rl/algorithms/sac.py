@@ -4,18 +4,15 @@ entropy tuning and twin Q-networks."""
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
 from lightning_rl.algorithms.off_policy import OffPolicyModule
 from lightning_rl.batch import DEFAULT_POLICY_ID, SampleBatch
-from lightning_rl.data.envs import EnvSpec
 from lightning_rl.functional import soft_update_
 from lightning_rl.nn.q_models import SquashedGaussianActor, TwinQ
-from lightning_rl.settings import Schedule
 from lightning_rl.update import call, policy_loss
 
 
@@ -43,69 +40,27 @@ class SAC(OffPolicyModule):
         target_entropy: ``auto`` (``-action_dim``) or a number: the policy entropy the temperature aims at.
     """
 
-    def __init__(
-        self,
-        env: EnvSpec = "Pendulum-v1",
-        env_kwargs: dict[str, Any] | None = None,
-        num_envs: int = 1,
-        total_env_steps: int | None = 20_000,
-        iterations_per_epoch: int = 1000,
-        seed: int | None = None,
-        vectorization: str = "auto",
-        sampling_device: str = "cpu",
-        num_cpu_threads: int | None = 1,
-        cpu_affinity: bool = True,
-        evaluation_interval: int | None = None,
-        evaluation_num_episodes: int = 10,
-        check_finite: bool = True,
-        compile: bool = False,
-        lr: float = 1e-3,
-        lr_schedule: Schedule = None,
-        gamma: float = 0.99,
-        buffer_size: int = 1_000_000,
-        learning_starts: int = 100,
-        train_freq: int = 1,
-        num_gradient_steps: int = 1,
-        train_batch_size: int = 256,
-        n_step: int = 1,
-        grad_clip: float | None = None,
-        hiddens: Sequence[int] = (256, 256),
-        activation: str = "relu",
-        tau: float = 0.005,
-        target_network_update_freq: int = 0,
-        initial_alpha: float = 1.0,
-        target_entropy: float | str = "auto",
-        prioritized_replay: bool = False,
-        prioritized_replay_alpha: float = 0.6,
-        prioritized_replay_beta: float = 0.4,
-        prioritized_replay_eps: float = 1e-6,
-        checkpoint_replay_buffer: bool = True,
-    ) -> None:
-        super().__init__(
-            env=env, env_kwargs=env_kwargs,
-            num_envs=num_envs, total_env_steps=total_env_steps, iterations_per_epoch=iterations_per_epoch,
-            seed=seed, vectorization=vectorization, sampling_device=sampling_device, num_cpu_threads=num_cpu_threads,
-            cpu_affinity=cpu_affinity, evaluation_interval=evaluation_interval,
-            evaluation_num_episodes=evaluation_num_episodes, check_finite=check_finite, compile=compile,
-            lr=lr, lr_schedule=lr_schedule, gamma=gamma, grad_clip=grad_clip, buffer_size=buffer_size,
-            learning_starts=learning_starts, train_freq=train_freq, num_gradient_steps=num_gradient_steps,
-            train_batch_size=train_batch_size, n_step=n_step, target_network_update_freq=target_network_update_freq,
-            tau=tau, prioritized_replay=prioritized_replay, prioritized_replay_alpha=prioritized_replay_alpha,
-            prioritized_replay_beta=prioritized_replay_beta, prioritized_replay_eps=prioritized_replay_eps,
-            checkpoint_replay_buffer=checkpoint_replay_buffer,
-        )
+    setting_defaults: ClassVar[dict[str, Any]] = dict(
+        env="Pendulum-v1", num_envs=1, total_env_steps=20_000, iterations_per_epoch=1000, lr=1e-3, grad_clip=None,
+        hiddens=(256, 256), activation="relu", buffer_size=1_000_000, learning_starts=100, train_freq=1,
+        num_gradient_steps=1, train_batch_size=256, n_step=1, tau=0.005, target_network_update_freq=0,
+    )
+    fixed_settings: ClassVar[dict[str, Any]] = dict(policies=None, policy_mapping_fn=None, policies_to_train=None)
+
+    def __init__(self, *, initial_alpha: float = 1.0, target_entropy: float | str = "auto", **settings: Any) -> None:
+        super().__init__(**settings)
         self.save_hyperparameters()
         if initial_alpha <= 0:
             raise ValueError(f"initial_alpha must be positive, got {initial_alpha}")
         with torch.random.fork_rng():
-            if seed is not None:
-                torch.manual_seed(seed)
+            if self.seed is not None:
+                torch.manual_seed(self.seed)
             self.policies[DEFAULT_POLICY_ID] = SquashedGaussianActor(
-                self.observation_space, self.action_space, hiddens, activation
+                self.observation_space, self.action_space, self.hiddens, self.activation
             )
             action_dim = int(self.action_space.shape[0])
-            self.critics = nn.ModuleDict({DEFAULT_POLICY_ID: TwinQ(self.observation_space, action_dim, hiddens,
-                                                                   activation)})
+            self.critics = nn.ModuleDict({DEFAULT_POLICY_ID: TwinQ(self.observation_space, action_dim, self.hiddens,
+                                                                   self.activation)})
         self.target_critics = copy.deepcopy(self.critics).requires_grad_(False)
         self.log_alpha = nn.ParameterDict(
             {DEFAULT_POLICY_ID: nn.Parameter(torch.tensor(float(initial_alpha)).log())}
