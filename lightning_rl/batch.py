@@ -28,12 +28,14 @@ A *fragment* is time-major: ``[T, N]`` columns of ``T`` steps of ``N`` envs, and
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
 import torch
 from torch import Tensor
+
+from lightning_rl.functional import moments, standardized
 
 DEFAULT_POLICY_ID = "default_policy"
 BOOTSTRAP = "bootstrap_"  # prefix of a fragment's [N] columns: what is read after its last step
@@ -245,3 +247,72 @@ class MultiAgentBatch:
 
     def __repr__(self) -> str:
         return f"MultiAgentBatch(env_steps={self.env_steps}, policy_batches={self.policy_batches})"
+
+
+# ---------------------------------------------------------------- the SGD epochs' minibatches
+# Shuffled rows, or whole recurrent sequences, padded to one shape with a 0/1 ``mask`` where one
+# shape is needed (the compiled step compiles once; a DDP rank without rows of a policy steps on
+# masked-out rows).
+
+
+def standardize(batch: SampleBatch, fields: Sequence[str], valid: Tensor | None,
+                reduce: Callable[[Tensor], Tensor] | None, placeholder: bool = False) -> None:
+    """Standardize ``fields`` of ``batch`` in place, ``(x - mean) / max(1e-4, std)``, over the
+    ``valid`` rows (all where ``None``); with ``reduce`` (a sum over DDP ranks) the moments are
+    the global batch's. A ``placeholder`` batch adds nothing to them."""
+    for field in fields:
+        if reduce is None and valid is None:
+            batch[field] = standardized(batch[field])
+            continue
+        local = moments(batch[field], valid) * (0.0 if placeholder else 1.0)
+        batch[field] = standardized(batch[field], moments=local if reduce is None else reduce(local))
+
+
+def padded(batch: SampleBatch, rows: Tensor, size: int, keep: int | None = None) -> SampleBatch:
+    """``rows`` of ``batch`` padded to ``size`` rows (copies of the first) with a 0/1 ``mask``;
+    ``keep=0`` masks out every row."""
+    pad = size - rows.numel()
+    mask = torch.ones(size, device=rows.device)
+    if keep == 0:
+        mask.zero_()
+    if pad > 0:
+        rows = torch.cat([rows, rows[:1].expand(pad)])
+        mask[size - pad:] = 0.0
+    minibatch = batch.select(rows)
+    minibatch[SampleBatch.MASK] = mask
+    return minibatch
+
+
+def shuffled_rows(batch: SampleBatch, num_minibatches: int, size: int, generator: torch.Generator,
+                  device: torch.device, pad: bool, placeholder: bool = False) -> Iterator[SampleBatch]:
+    """One epoch: the rows shuffled and cut into ``num_minibatches`` minibatches, each padded to
+    ``size`` rows where ``pad``; a ``placeholder`` batch (or an empty cut) gives masked-out rows."""
+    order = torch.randperm(batch.count, generator=generator).to(device)
+    for rows in order.tensor_split(num_minibatches):
+        if placeholder or rows.numel() == 0:  # nothing of this policy here this time
+            yield padded(batch, torch.zeros(1, dtype=torch.long, device=device), size, keep=0)
+        elif pad:
+            yield padded(batch, rows, size)
+        else:
+            yield batch.select(rows)
+
+
+def shuffled_sequences(batch: SampleBatch, num_minibatches: int, seq_len: int, generator: torch.Generator,
+                       device: torch.device) -> Iterator[SampleBatch]:
+    """One epoch of a recurrent batch (``[S * seq_len]`` rows, sequence after sequence): whole
+    sequences shuffled and cut into ``num_minibatches`` minibatches of the same number of
+    sequences (masked-out copies where they do not divide, so every rank and the compiled step
+    see one shape), each ``[seq_len, sequences]`` time-major."""
+    num_seqs = batch[SampleBatch.SEQ_LENS].numel()
+    per = -(-num_seqs // num_minibatches)
+    steps = torch.arange(seq_len, device=device)[:, None]
+    order = torch.randperm(num_seqs, generator=generator).to(device)
+    for seqs in order.tensor_split(num_minibatches):
+        keep = torch.ones(per, device=device)
+        if seqs.numel() < per:
+            keep[seqs.numel():] = 0.0
+            seqs = torch.cat([seqs, seqs[:1].expand(per - seqs.numel())])
+        minibatch = batch.select((seqs[None, :] * seq_len + steps).flatten())
+        minibatch[SampleBatch.MASK] = minibatch[SampleBatch.MASK] * keep.repeat(seq_len)
+        yield minibatch
+

@@ -6,6 +6,8 @@ from typing import Any
 
 import numpy as np
 import torch
+from pytorch_lightning.trainer.states import TrainerFn
+from torch.utils.data import DataLoader
 
 from lightning_rl.batch import DEFAULT_POLICY_ID
 from lightning_rl.data.envs import EnvSpec
@@ -90,3 +92,29 @@ def log_evaluation(module: Any, prefix: str, seed_offset: int) -> None:
         module.log(f"{prefix}/episode_return_{stat}", float(fn(returns)), sync_dist=sync, reduce_fx=reduce,
                    batch_size=1, prog_bar=stat == "mean")
     module.log("step", float(module.global_counters["num_env_steps_sampled"]), batch_size=1)
+
+
+class EvaluationHooks:
+    """An algorithm's Lightning validation and test (``Algorithm`` inherits them): greedy
+    episodes on envs of their own, logged at the global env-step count."""
+
+    def val_dataloader(self) -> Any:
+        """One evaluation request per validation run: always for ``trainer.validate``, during
+        ``fit`` only when ``evaluation_interval`` is set."""
+        validating = self._trainer is not None and self.trainer.state.fn == TrainerFn.VALIDATING
+        return DataLoader(range(1), batch_size=None) if validating or self.evaluation_interval else []
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        """``evaluation_num_episodes`` greedy episodes on separate envs (per rank under DDP),
+        logged at the global env-step count like the training metrics."""
+        log_evaluation(self, "val", seed_offset=100_000)
+
+    def test_dataloader(self) -> Any:
+        """One evaluation request per ``trainer.test`` (``lightning-rl test``)."""
+        return DataLoader(range(1), batch_size=None)
+
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        """``evaluation_num_episodes`` greedy episodes on test envs of their own (seeded apart
+        from validation's), logged as ``test/episode_return_mean`` (and ``_min``, ``_max``)."""
+        log_evaluation(self, "test", seed_offset=200_000)
+

@@ -1,7 +1,7 @@
 """Inference outside Lightning: Stable-Baselines3's ``predict`` and a TorchScript export.
 
-Both go through ``Algorithm.compute_actions``, the one action path that samplers,
-evaluation and users share.
+Both go through ``compute_actions`` (``ActionAPI``, which every algorithm inherits), the one
+action path that samplers, evaluation and users share.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_rl.batch import DEFAULT_POLICY_ID
+from lightning_rl.data.sampler import act
 
 if TYPE_CHECKING:
     from lightning_rl.algorithms.base import Algorithm
@@ -83,6 +84,51 @@ class Acting:
         self.prev_reward = np.where(dones, 0.0, np.asarray(rewards, dtype=np.float32).reshape(-1))
         keep = (~dones).reshape(-1, *[1] * (np.ndim(self.prev_action) - 1))
         self.prev_action = np.where(keep, self.prev_action, np.zeros_like(self.prev_action))
+
+
+class ActionAPI:
+    """An algorithm's action path (``Algorithm`` inherits it): ``policy_outputs`` for samplers
+    and evaluation, ``compute_actions``, ``predict`` and ``export_policy`` for users. It reads
+    the algorithm's ``policies`` (``policies.py``) and ``exploration_kwargs``."""
+
+    def policy_outputs(self, obs: Tensor, policy_id: str = DEFAULT_POLICY_ID, explore: bool = True,
+                       generator: torch.Generator | None = None, device: torch.device | str | None = None,
+                       inputs: dict[str, Tensor] | None = None) -> dict[str, Tensor]:
+        """The one action path, shared by samplers, evaluation and users: the policy's outputs
+        (``actions`` and, for actor-critics, ``action_logp``, ``vf_preds``) for a batch
+        ``[N, *obs_shape]`` on ``device``, with the algorithm's exploration when ``explore``.
+        ``inputs``: a recurrent policy's ``state_in``, ``episode_starts``... (it then returns
+        ``state_out``). The policy acts in eval mode; its submodules' modes are restored after."""
+        device = self.device if device is None else torch.device(device)
+        exploration = self.exploration_kwargs(policy_id) if explore else {}
+        return act(self.sampling_policy(policy_id, device), obs, device, explore, generator, inputs, **exploration)
+
+    @torch.no_grad()
+    def compute_actions(
+        self, obs: np.ndarray | Tensor, policy_id: str = DEFAULT_POLICY_ID, explore: bool = True,
+        state: np.ndarray | Tensor | None = None, episode_start: np.ndarray | Tensor | None = None,
+        prev_action: np.ndarray | Tensor | None = None, prev_reward: np.ndarray | Tensor | None = None,
+    ) -> Any:
+        """Actions for a batch ``[N, *obs_shape]`` (or one observation); numpy in, numpy out.
+        With a Dict/Tuple observation space, ``obs`` may also be one raw observation or a batch
+        in that structure (arrays with a leading ``[N]``): it is flattened as the envs' are.
+
+        A recurrent policy (``use_lstm``) returns ``(actions, next state)``: it reads ``state``
+        (``[N, state_size]``; zeros when None), zeroes it where ``episode_start`` (``[N]`` bool),
+        and reads the previous action and reward where it was built to (zeros when None)."""
+        obs_t, single, inputs = self.policies.action_inputs(obs, policy_id, state, episode_start, prev_action,
+                                                            prev_reward)
+        out = self.policy_outputs(obs_t, policy_id, explore=explore, inputs=inputs)
+        return self.policies.as_given(out, policy_id, single, not isinstance(obs, Tensor), inputs is not None)
+
+    def predict(self, obs: np.ndarray | Tensor, state: Any = None, episode_start: np.ndarray | None = None,
+                deterministic: bool = False, policy_id: str = DEFAULT_POLICY_ID) -> tuple[np.ndarray | Tensor, Any]:
+        """``(actions, state)`` with Stable-Baselines3's signature (see ``inference.predict``)."""
+        return predict(self, obs, state, episode_start, deterministic, policy_id)
+
+    def export_policy(self, path: str | os.PathLike[str], policy_id: str = DEFAULT_POLICY_ID) -> torch.jit.ScriptModule:
+        """Save the greedy policy as TorchScript (see ``inference.export_policy``)."""
+        return export_policy(self, path, policy_id)
 
 
 class _GreedyPolicy(nn.Module):

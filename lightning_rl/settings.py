@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import inspect
 import re
+import types
 import typing
 from collections.abc import Callable, Sequence
 from itertools import pairwise
@@ -236,10 +237,27 @@ def _bound_init(cls: type, signature: inspect.Signature, fixed: dict[str, Any]) 
     return __init__
 
 
-def received_settings(module: Any) -> dict[str, Any]:
-    """The settings the outermost ``__init__`` of ``module`` received, defaults filled in (what
-    ``save_hyperparameters`` saves)."""
-    return dict(module.__dict__.get("_received_settings", {}))
+def hyperparameters(module: Any, names: Sequence[str] = (), ignore: Sequence[str] | str | None = None
+                    ) -> dict[str, Any]:
+    """What a checkpoint keeps of the settings ``module`` was made with (those the outermost
+    ``__init__`` received, defaults filled in; ``names``: only these; less ``ignore``): callable
+    ones (an env factory, a lambda) as a ``"<callable name>"`` placeholder, since Lightning would
+    drop the ones it cannot pickle and a checkpoint that holds code cannot load safely; an
+    importable encoder or activation class as its import path."""
+    ignore = [ignore] if isinstance(ignore, str) else list(ignore or [])
+    settings = dict(module.__dict__.get("_received_settings", {}))
+    if names:
+        settings = {name: settings[name] for name in names}
+    settings = {k: v for k, v in settings.items() if k not in ignore}
+    return {**settings, **plain_hyperparameters(settings, ignore)}
+
+
+def no_caller() -> types.FrameType:
+    """A frame without a caller: given it, Lightning's ``save_hyperparameters`` looks for no
+    ``__init__`` arguments on the stack and keeps exactly the dict it is given."""
+    def frame() -> Any:
+        yield
+    return frame().gi_frame
 
 
 _ENTRY = re.compile(r"^(\s+)(\w+): (.*)$")

@@ -9,22 +9,17 @@ state in ``checkpoint.py``, process settings in ``process.py``.
 
 from __future__ import annotations
 
-import os
 import time
-import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import gymnasium as gym
-import numpy as np
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.trainer.states import TrainerFn, TrainerStatus
-from torch import Tensor, nn
-from torch.utils.data import DataLoader
+from torch import nn
 
-from lightning_rl import inference
-from lightning_rl.batch import DEFAULT_POLICY_ID, MultiAgentBatch
+from lightning_rl.batch import MultiAgentBatch
 from lightning_rl.callbacks.trainer_wiring import TrainerWiring
 from lightning_rl.checkpoint import (
     algorithm_registry,
@@ -38,10 +33,10 @@ from lightning_rl.counters import count_iteration, new_counters, summed_over_ran
 from lightning_rl.data.base import EnvDataModule, new_generator, rank_seed
 from lightning_rl.data.envs import EnvSpec, env_spec
 from lightning_rl.data.multi_agent import is_multi_agent_env
-from lightning_rl.data.sampler import act
 from lightning_rl.distributed import bypass_ddp_gradient_sync
-from lightning_rl.evaluation import log_evaluation
+from lightning_rl.evaluation import EvaluationHooks
 from lightning_rl.functional import piecewise_linear
+from lightning_rl.inference import ActionAPI
 from lightning_rl.learner_info import LearnerInfoBuilder
 from lightning_rl.nn.encoders import Activation
 from lightning_rl.policies import Policies, PolicyMapping
@@ -52,8 +47,8 @@ from lightning_rl.settings import (
     check_positive,
     declare_settings,
     document_settings,
-    plain_hyperparameters,
-    received_settings,
+    hyperparameters,
+    no_caller,
     resolve_schedule,
 )
 from lightning_rl.update import LossFn, UpdateStep, check_updates
@@ -66,19 +61,11 @@ def multi_agent_algorithms() -> list[str]:
                   and cls.supports_multi_agent)
 
 
-def _no_caller() -> types.FrameType:
-    """A frame without a caller: given it, Lightning's ``save_hyperparameters`` looks for no
-    ``__init__`` arguments on the stack and keeps exactly the dict it is given."""
-    def frame() -> Any:
-        yield
-    return frame().gi_frame
-
-
 def _of_policies(name: str, doc: str) -> property:
     return property(lambda self: getattr(self.policies, name), doc=doc)
 
 
-class Algorithm(pl.LightningModule):
+class Algorithm(ActionAPI, EvaluationHooks, pl.LightningModule):
     """Base of all algorithms: the iteration loop, the counters, the Lightning hooks.
 
     Subclasses build their networks into ``self.policies`` (``Policies.build``) and their
@@ -88,31 +75,9 @@ class Algorithm(pl.LightningModule):
     declares only its own and takes the others as ``**settings`` (``settings.declare_settings``:
     its full signature is still what ``help``, editors and the CLI show).
 
-    Args:
-        env: a registered gymnasium id or any callable returning a ``gymnasium.Env``
-            (lambda, closure, class, ``functools.partial``). ``"module:Env-v0"`` imports
-            ``module`` first (the env's registration), as ``gymnasium.make`` does.
-        env_kwargs: keyword arguments for ``gymnasium.make(env, ...)`` or the env factory,
-            passed wherever envs are made (training, evaluation, recording); plain data, so a
-            checkpoint keeps them and reloads the same env.
-        total_env_steps: stop ``fit`` once this many env steps were sampled (summed over
-            DDP ranks; agents' steps where the algorithm counts steps by agent steps);
-            ``None`` leaves stopping to the Trainer's limits.
-        seed: seeds network init, action sampling, minibatch shuffling and the envs
-            (``seed + 1000 * rank`` under DDP); ``None`` for random.
-        num_cpu_threads: torch intra-op threads during ``fit`` (restored afterwards). Small
-            MLPs run fastest on one thread, and several threads spin badly on a busy machine
-            (rl-zoo sets 1 too); ``None`` leaves torch's setting alone.
-        cpu_affinity: under DDP on CPU, pin each local rank to its own share of the CPUs
-            this process may use (Linux; restored after ``fit``). Ranks that synchronize
-            every minibatch then stop migrating between cores and waiting on each other.
-        evaluation_interval: epochs between evaluations (``None`` = no evaluation): Lightning
-            validation then plays ``evaluation_num_episodes`` greedy episodes on separate
-            envs and logs ``val/episode_return_mean``, which ``ModelCheckpoint(monitor=...)``
-            and ``EarlyStopping`` can use.
-        compile: run every update step as compiled graphs (``update.py``); where compiling
-            cannot work it falls back to eager with one warning. Same results up to float
-            rounding; see the README for when it pays.
+    Small MLPs run fastest on one torch thread (``num_cpu_threads=1``, as rl-zoo sets), and DDP
+    ranks on CPU that synchronize every minibatch stop waiting on each other when each is
+    pinned to its own cores (``cpu_affinity``).
     """
 
     def __init__(
@@ -199,18 +164,9 @@ class Algorithm(pl.LightningModule):
 
     def save_hyperparameters(self, *args: Any, ignore: Sequence[str] | str | None = None, frame: Any = None,
                              logger: bool = True) -> None:
-        """Save the settings this module was made with (its class's signature, defaults filled
-        in; ``args``: only these names) as Lightning's ``hparams``, except that callable
-        ones (an env factory, a lambda) are kept as a ``"<callable name>"`` placeholder:
-        Lightning would drop the ones it cannot pickle, and a checkpoint that holds code cannot
-        load safely. ``frame`` is not read: the settings are known whole."""
-        ignore = [ignore] if isinstance(ignore, str) else list(ignore or [])
-        settings = received_settings(self)
-        if args:
-            settings = {name: settings[name] for name in args}
-        settings = {k: v for k, v in settings.items() if k not in ignore}
-        settings.update(plain_hyperparameters(settings, ignore))
-        super().save_hyperparameters(settings, frame=_no_caller(), logger=logger)
+        """Lightning's ``save_hyperparameters`` of the settings this module was made with
+        (``settings.hyperparameters``: callables kept as placeholders); ``frame`` is not read."""
+        super().save_hyperparameters(hyperparameters(self, args, ignore), frame=no_caller(), logger=logger)
         # what loggers record (hparams.yaml) beside the settings, so `plot` tells algorithms apart
         self._hparams_initial.setdefault("algorithm", class_path(type(self)))
 
@@ -230,45 +186,6 @@ class Algorithm(pl.LightningModule):
     def exploration_kwargs(self, policy_id: str) -> dict[str, Any]:
         """Extra keyword arguments of an exploring ``compute_actions`` (e.g. DQN's epsilon)."""
         return {}
-
-    def policy_outputs(self, obs: Tensor, policy_id: str = DEFAULT_POLICY_ID, explore: bool = True,
-                       generator: torch.Generator | None = None, device: torch.device | str | None = None,
-                       inputs: dict[str, Tensor] | None = None) -> dict[str, Tensor]:
-        """The one action path, shared by samplers, evaluation and users: the policy's outputs
-        (``actions`` and, for actor-critics, ``action_logp``, ``vf_preds``) for a batch
-        ``[N, *obs_shape]`` on ``device``, with the algorithm's exploration when ``explore``.
-        ``inputs``: a recurrent policy's ``state_in``, ``episode_starts``... (it then returns
-        ``state_out``). The policy acts in eval mode; its submodules' modes are restored after."""
-        device = self.device if device is None else torch.device(device)
-        exploration = self.exploration_kwargs(policy_id) if explore else {}
-        return act(self.sampling_policy(policy_id, device), obs, device, explore, generator, inputs, **exploration)
-
-    @torch.no_grad()
-    def compute_actions(
-        self, obs: np.ndarray | Tensor, policy_id: str = DEFAULT_POLICY_ID, explore: bool = True,
-        state: np.ndarray | Tensor | None = None, episode_start: np.ndarray | Tensor | None = None,
-        prev_action: np.ndarray | Tensor | None = None, prev_reward: np.ndarray | Tensor | None = None,
-    ) -> Any:
-        """Actions for a batch ``[N, *obs_shape]`` (or one observation); numpy in, numpy out.
-        With a Dict/Tuple observation space, ``obs`` may also be one raw observation or a batch
-        in that structure (arrays with a leading ``[N]``): it is flattened as the envs' are.
-
-        A recurrent policy (``use_lstm``) returns ``(actions, next state)``: it reads ``state``
-        (``[N, state_size]``; zeros when None), zeroes it where ``episode_start`` (``[N]`` bool),
-        and reads the previous action and reward where it was built to (zeros when None)."""
-        obs_t, single, inputs = self.policies.action_inputs(obs, policy_id, state, episode_start, prev_action,
-                                                            prev_reward)
-        out = self.policy_outputs(obs_t, policy_id, explore=explore, inputs=inputs)
-        return self.policies.as_given(out, policy_id, single, not isinstance(obs, Tensor), inputs is not None)
-
-    def predict(self, obs: np.ndarray | Tensor, state: Any = None, episode_start: np.ndarray | None = None,
-                deterministic: bool = False, policy_id: str = DEFAULT_POLICY_ID) -> tuple[np.ndarray | Tensor, Any]:
-        """``(actions, state)`` with Stable-Baselines3's signature (see ``inference.predict``)."""
-        return inference.predict(self, obs, state, episode_start, deterministic, policy_id)
-
-    def export_policy(self, path: str | os.PathLike[str], policy_id: str = DEFAULT_POLICY_ID) -> torch.jit.ScriptModule:
-        """Save the greedy policy as TorchScript (see ``inference.export_policy``)."""
-        return inference.export_policy(self, path, policy_id)
 
     # ---------------------------------------------------------------- data
     def train_dataloader(self) -> Any:
@@ -356,27 +273,6 @@ class Algorithm(pl.LightningModule):
         """Whether ``total_env_steps`` is reached (by the global counter the budget counts)."""
         return self.total_env_steps is not None and self.global_counters[self.budget_counter] >= self.total_env_steps
 
-    # ---------------------------------------------------------------- evaluation
-    def val_dataloader(self) -> Any:
-        """One evaluation request per validation run: always for ``trainer.validate``, during
-        ``fit`` only when ``evaluation_interval`` is set."""
-        validating = self._trainer is not None and self.trainer.state.fn == TrainerFn.VALIDATING
-        return DataLoader(range(1), batch_size=None) if validating or self.evaluation_interval else []
-
-    def validation_step(self, batch: Any, batch_idx: int) -> None:
-        """``evaluation_num_episodes`` greedy episodes on separate envs (per rank under DDP),
-        logged at the global env-step count like the training metrics."""
-        log_evaluation(self, "val", seed_offset=100_000)
-
-    def test_dataloader(self) -> Any:
-        """One evaluation request per ``trainer.test`` (``lightning-rl test``)."""
-        return DataLoader(range(1), batch_size=None)
-
-    def test_step(self, batch: Any, batch_idx: int) -> None:
-        """``evaluation_num_episodes`` greedy episodes on test envs of their own (seeded apart
-        from validation's), logged as ``test/episode_return_mean`` (and ``_min``, ``_max``)."""
-        log_evaluation(self, "test", seed_offset=200_000)
-
     # ---------------------------------------------------------------- Lightning hooks
     def configure_callbacks(self) -> list[pl.Callback]:
         return TrainerWiring.callbacks(self, self._trainer)
@@ -411,3 +307,6 @@ class Algorithm(pl.LightningModule):
 
 
 RLModule = Algorithm  # the name before 0.1 (RLlib's RLModule is a network; this is the algorithm)
+
+
+document_settings(Algorithm)

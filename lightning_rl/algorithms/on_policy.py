@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from functools import partial
 from typing import Any, Literal
 
 import torch
@@ -20,13 +21,16 @@ from lightning_rl.batch import (
     STATE_IN,
     MultiAgentBatch,
     SampleBatch,
+    shuffled_rows,
+    shuffled_sequences,
+    standardize,
 )
 from lightning_rl.data.base import eval_mode
 from lightning_rl.data.multi_agent import BOOTSTRAP_MASK, SEGMENT_LENGTHS, MultiAgentRolloutDataModule
 from lightning_rl.data.rollout import DISCOUNTED_RETURNS, RolloutDataModule
-from lightning_rl.data.spaces import valid_point
+from lightning_rl.data.spaces import placeholder_rollout
 from lightning_rl.distributed import all_reduce_max, sum_over_ranks
-from lightning_rl.functional import gae_batch, gae_segments, gae_sequences, moments, standardized
+from lightning_rl.functional import gae_batch, gae_segments, gae_sequences
 from lightning_rl.learner_info import LEARNER_STATS_KEY, LearnerInfoBuilder
 from lightning_rl.nn.models import ActorCritic, preprocess_obs
 from lightning_rl.nn.recurrent import RecurrentActorCritic
@@ -102,22 +106,17 @@ class OnPolicyModule(ActorCriticSettings, RecurrentSettings, Algorithm):
         self.num_sgd_iter = num_sgd_iter
         self.sgd_minibatch_size = sgd_minibatch_size or self.train_batch_size  # None: the whole batch
         self.num_minibatches = math.ceil(self.train_batch_size / self.sgd_minibatch_size)
-        if self.use_lstm:
-            self.check_recurrent_settings(self.max_seq_len, self.rollout_fragment_length)
+        T, L = self.rollout_fragment_length, self.max_seq_len
+        if L is not None and (L < 1 or T % L):  # each env's fragment is cut into sequences: no padding
+            raise ValueError(f"max_seq_len ({L}) must divide rollout_fragment_length ({T}): each env's fragment "
+                             f"is cut into sequences of that length")
+        if L is not None and L > self.sgd_minibatch_size:
+            raise ValueError(f"max_seq_len ({L}) is larger than sgd_minibatch_size ({self.sgd_minibatch_size}): "
+                             f"a minibatch holds whole sequences")
         self.build_policies(RecurrentActorCritic if self.use_lstm else ActorCritic, **self.network_settings,
                             **self.recurrent_settings, normalize_observations=normalize_observations,
                             observation_clip=observation_clip, normalize_rewards=normalize_rewards,
                             reward_clip=reward_clip)
-
-    def check_recurrent_settings(self, max_seq_len: int, rollout_fragment_length: int) -> None:
-        """Training sequences are ``max_seq_len`` steps of one env cut from its fragment, so they
-        need no padding; a minibatch holds whole sequences."""
-        if max_seq_len < 1 or rollout_fragment_length % max_seq_len:
-            raise ValueError(f"max_seq_len ({max_seq_len}) must divide rollout_fragment_length "
-                             f"({rollout_fragment_length}): each env's fragment is cut into sequences of that length")
-        if max_seq_len > self.sgd_minibatch_size:
-            raise ValueError(f"max_seq_len ({max_seq_len}) is larger than sgd_minibatch_size "
-                             f"({self.sgd_minibatch_size}): a minibatch holds whole sequences")
 
     @property
     def policy(self) -> ActorCritic:
@@ -228,21 +227,6 @@ class OnPolicyModule(ActorCriticSettings, RecurrentSettings, Algorithm):
     minibatches_per_epoch: int | None = None  # A2C: 1, one step on the whole batch
     supports_multi_agent = True
 
-    def padded_minibatch(self, batch: SampleBatch, rows: Tensor, size: int, keep: int | None = None) -> SampleBatch:
-        """``rows`` of ``batch`` padded to ``size`` rows with a 0/1 ``mask``: the compiled step
-        sees one shape whatever the rollout dropped (reset steps), so it compiles once, with
-        static kernels (exact resume, no shape guards). ``keep=0`` masks out every row."""
-        pad = size - rows.numel()
-        mask = torch.ones(size, device=rows.device)
-        if keep == 0:
-            mask.zero_()
-        if pad > 0:
-            rows = torch.cat([rows, rows[:1].expand(pad)])
-            mask[size - pad:] = 0.0
-        minibatch = batch.select(rows)
-        minibatch[SampleBatch.MASK] = mask
-        return minibatch
-
     def learn_on_batch(self, batch: MultiAgentBatch, builder: LearnerInfoBuilder) -> int:
         counts = [batch.policy_batches[p].count if p in batch.policy_batches else 0 for p in self.policies_to_train]
         plan_rows = counts
@@ -283,18 +267,8 @@ class OnPolicyModule(ActorCriticSettings, RecurrentSettings, Algorithm):
             policy.return_rms.update(returns, mask, reduce)
 
     def placeholder_batch(self, policy_id: str) -> SampleBatch:
-        """One row of a valid observation with a zero ``mask``: what a DDP rank without rows of a policy steps on."""
-        obs_space = self.policy_spaces[policy_id][0]
-        with torch.no_grad():
-            # a valid observation, not zeros: a Discrete observation's one-hot reads ``obs - start``
-            obs = valid_point(obs_space, torch.float32).to(self.device).expand(1, *(obs_space.shape or ())).clone()
-            actions = self.policies[policy_id].compute_actions(obs, explore=False)[SampleBatch.ACTIONS]
-        zeros = torch.zeros(1, device=self.device)
-        return SampleBatch({
-            SampleBatch.OBS: obs, SampleBatch.ACTIONS: actions.detach(), SampleBatch.ACTION_LOGP: zeros,
-            SampleBatch.VF_PREDS: zeros, SampleBatch.ADVANTAGES: zeros, SampleBatch.VALUE_TARGETS: zeros,
-            SampleBatch.MASK: zeros,
-        })
+        """What a DDP rank without rows of a policy steps on: one masked-out row."""
+        return placeholder_rollout(self.policies[policy_id], self.policy_spaces[policy_id][0], self.device)
 
     def learn_on_policy_batch(self, policy_id: str, batch: SampleBatch, builder: LearnerInfoBuilder,
                               plan_rows: int | None = None, placeholder: bool = False) -> None:
@@ -302,16 +276,10 @@ class OnPolicyModule(ActorCriticSettings, RecurrentSettings, Algorithm):
         ``plan_rows``: the rows the minibatches are planned for (multi-agent DDP: the largest
         count over the ranks); ``placeholder``: ``batch`` stands in for no rows, every
         minibatch masked out."""
-        valid = batch.get(SampleBatch.MASK) if self.max_seq_len else None  # a recurrent batch's real rows
-        for field in self.standardize_fields:
-            # Under DDP, standardize over the global batch (one all-reduce of three numbers),
-            # so N ranks of B rows train like one process with N * B rows (a placeholder adds none).
-            if self.trainer.world_size == 1 and valid is None:
-                batch[field] = standardized(batch[field])
-                continue
-            local = moments(batch[field], valid) * (0.0 if placeholder else 1.0)
-            batch[field] = standardized(batch[field], moments=sum_over_ranks(local)
-                                        if self.trainer.world_size > 1 else local)
+        # Under DDP, standardized over the global batch (one all-reduce of three numbers per field),
+        # so N ranks of B rows train like one process with N * B rows (a placeholder adds none).
+        standardize(batch, self.standardize_fields, batch.get(SampleBatch.MASK) if self.max_seq_len else None,
+                    sum_over_ranks if self.trainer.world_size > 1 else None, placeholder)
         optimizer = self.policy_optimizer(policy_id)
         lr = self.set_lr(self.current(self.lr_points, self.lr), optimizer)
         step = self.update_step(f"loss/{policy_id}", dict(self.policies[policy_id].named_parameters()), optimizer,
@@ -320,42 +288,13 @@ class OnPolicyModule(ActorCriticSettings, RecurrentSettings, Algorithm):
         num_minibatches, size = self.minibatch_plan(batch.count if plan_rows is None else plan_rows, policy_id)
         pad = step.compiled or (plan_rows is not None and plan_rows != batch.count)
         if self.max_seq_len:
-            self.learn_on_sequences(step, batch, scalars, num_minibatches, policy_id, builder, lr)
-            return
+            epoch = partial(shuffled_sequences, batch, num_minibatches, self.max_seq_len, self.shuffle_generator,
+                            self.device)
+        else:
+            epoch = partial(shuffled_rows, batch, num_minibatches, size, self.shuffle_generator, self.device, pad,
+                            placeholder)
         for _ in range(self.num_sgd_iter):
-            order = torch.randperm(batch.count, generator=self.shuffle_generator).to(self.device)
-            for rows in order.tensor_split(num_minibatches):
-                if placeholder or rows.numel() == 0:  # nothing of this policy here this time
-                    minibatch = self.padded_minibatch(batch, torch.zeros(1, dtype=torch.long, device=self.device),
-                                                      size, keep=0)
-                elif pad:
-                    minibatch = self.padded_minibatch(batch, rows, size)
-                else:
-                    minibatch = batch.select(rows)
+            for minibatch in epoch():
                 stats = step(minibatch, scalars)
                 self.counters["num_grad_updates"] += 1
                 builder.add_learn_on_batch_results({LEARNER_STATS_KEY: {**stats, "cur_lr": lr}}, policy_id)
-
-    def learn_on_sequences(self, step: Any, batch: SampleBatch, scalars: dict[str, Any], num_minibatches: int,
-                           policy_id: str, builder: LearnerInfoBuilder, lr: float) -> None:
-        """A recurrent policy's epochs: whole sequences shuffled and cut into ``num_minibatches``
-        minibatches (each the same number of sequences, padded with masked-out copies where they
-        do not divide, so every rank and the compiled step see one shape); rows time-major."""
-        L = self.max_seq_len
-        num_seqs = batch[SampleBatch.SEQ_LENS].numel()
-        per = -(-num_seqs // num_minibatches)
-        steps = torch.arange(L, device=self.device)[:, None]
-        for _ in range(self.num_sgd_iter):
-            order = torch.randperm(num_seqs, generator=self.shuffle_generator).to(self.device)
-            for seqs in order.tensor_split(num_minibatches):
-                keep = torch.ones(per, device=self.device)
-                if seqs.numel() < per:
-                    keep[seqs.numel():] = 0.0
-                    seqs = torch.cat([seqs, seqs[:1].expand(per - seqs.numel())])
-                rows = (seqs[None, :] * L + steps).flatten()  # [L, per] time-major
-                minibatch = batch.select(rows)
-                minibatch[SampleBatch.MASK] = minibatch[SampleBatch.MASK] * keep.repeat(L)
-                stats = step(minibatch, scalars)
-                self.counters["num_grad_updates"] += 1
-                builder.add_learn_on_batch_results({LEARNER_STATS_KEY: {**stats, "cur_lr": lr}}, policy_id)
-

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lightning_rl.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
+from lightning_rl.batch import MultiAgentBatch, SampleBatch
 from lightning_rl.data.async_sampling import POLICY_VERSION, AsyncSamplingDataModule, FragmentTask, _Fragment
 from lightning_rl.data.envs import EnvSpec
 from lightning_rl.data.rollout import RolloutDataModule
@@ -72,7 +72,8 @@ class A3CDataModule(AsyncSamplingDataModule):
 
     Args:
         gamma, lambda_, vf_loss_coeff, entropy_coeff: the workers' loss (``GradientTask``).
-        The rest: ``AsyncSamplingDataModule``'s (one fragment per packet).
+        sampling: ``AsyncSamplingDataModule``'s other settings (``seed``, ``sampler_timeout_s``...); one fragment
+            per packet.
     """
 
     hold_slots = True
@@ -80,6 +81,7 @@ class A3CDataModule(AsyncSamplingDataModule):
     def __init__(
         self,
         env: EnvSpec,
+        *,
         num_workers: int = 2,
         num_envs: int = 8,
         rollout_fragment_length: int = 5,
@@ -87,20 +89,11 @@ class A3CDataModule(AsyncSamplingDataModule):
         lambda_: float = 1.0,
         vf_loss_coeff: float = 0.5,
         entropy_coeff: float = 0.0,
-        sampler_timeout_s: float = 60.0,
-        restart_failed_workers: bool = False,
-        vectorization: str = "auto",
-        seed: int | None = None,
-        iterations_per_epoch: int = 100,
-        check_finite: bool = True,
-        policy_id: str = DEFAULT_POLICY_ID,
+        **sampling: Any,
     ) -> None:
         super().__init__(
             env, num_workers=num_workers, num_envs=num_envs, rollout_fragment_length=rollout_fragment_length,
-            train_batch_size=num_envs * rollout_fragment_length, learner_queue_size=max(num_workers, 1),
-            sampler_timeout_s=sampler_timeout_s, restart_failed_workers=restart_failed_workers,
-            vectorization=vectorization, seed=seed, iterations_per_epoch=iterations_per_epoch,
-            check_finite=check_finite, policy_id=policy_id,
+            train_batch_size=num_envs * rollout_fragment_length, learner_queue_size=max(num_workers, 1), **sampling,
         )
         self.gradient_task = GradientTask(gamma, lambda_, vf_loss_coeff, entropy_coeff)
         self._ready = queue.Queue(maxsize=max(num_workers, 1))  # at most one packet per worker is in flight

@@ -18,7 +18,7 @@ import torch
 from pytorch_lightning.trainer.states import TrainerStatus
 from torch import nn
 
-from lightning_rl.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
+from lightning_rl.batch import MultiAgentBatch, SampleBatch
 from lightning_rl.checkpoint import pack_rank_states, unpack_rank_state
 from lightning_rl.data.async_sampling import POLICY_VERSION, AsyncSamplingDataModule, FragmentTask, _Fragment
 from lightning_rl.data.base import rank_seed
@@ -105,7 +105,7 @@ class ApexDataModule(AsyncSamplingDataModule):
         epsilon, epsilon_alpha: the workers' epsilons (``worker_epsilons``); the learner
             process samples with worker 0's when ``num_workers=0``.
         checkpoint_replay_buffer: keep the replay in checkpoints.
-        The rest: ``AsyncSamplingDataModule``'s.
+        sampling: ``AsyncSamplingDataModule``'s other settings (``learner_queue_size``, ``seed``...).
     """
 
     prioritized_replay = True  # the learner's replay loop updates priorities
@@ -113,6 +113,7 @@ class ApexDataModule(AsyncSamplingDataModule):
     def __init__(
         self,
         env: EnvSpec,
+        *,
         num_workers: int = 2,
         num_envs: int = 4,
         rollout_fragment_length: int = 16,
@@ -124,25 +125,12 @@ class ApexDataModule(AsyncSamplingDataModule):
         prioritized_replay_eps: float = 1e-6,
         epsilon: float = 0.4,
         epsilon_alpha: float = 7.0,
-        learner_queue_size: int = 16,
-        broadcast_interval: int = 1,
-        max_policy_lag: int | None = None,
-        sampler_timeout_s: float = 60.0,
-        restart_failed_workers: bool = False,
-        vectorization: str = "auto",
-        seed: int | None = None,
-        iterations_per_epoch: int = 50,
-        check_finite: bool = True,
         checkpoint_replay_buffer: bool = True,
-        policy_id: str = DEFAULT_POLICY_ID,
+        **sampling: Any,
     ) -> None:
         super().__init__(
             env, num_workers=num_workers, num_envs=num_envs, rollout_fragment_length=rollout_fragment_length,
-            train_batch_size=max(num_workers, 1) * num_envs * rollout_fragment_length,
-            learner_queue_size=learner_queue_size, broadcast_interval=broadcast_interval,
-            max_policy_lag=max_policy_lag, sampler_timeout_s=sampler_timeout_s,
-            restart_failed_workers=restart_failed_workers, vectorization=vectorization, seed=seed,
-            iterations_per_epoch=iterations_per_epoch, check_finite=check_finite, policy_id=policy_id,
+            train_batch_size=max(num_workers, 1) * num_envs * rollout_fragment_length, **sampling,
         )
         ReplayBuffer.check_config(n_step + 2, 1, n_step, gamma)  # n_step and gamma
         ProportionalPriorities(1, prioritized_replay_alpha, prioritized_replay_eps)  # alpha and eps

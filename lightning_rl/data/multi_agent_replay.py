@@ -14,7 +14,7 @@ import torch
 from lightning_rl.batch import MultiAgentBatch, SampleBatch
 from lightning_rl.data.base import rank_seed
 from lightning_rl.data.multi_agent import MultiAgentEnvDataModule
-from lightning_rl.data.replay_buffer import NStepWindows, ReplayBuffer, TransitionReplayBuffer
+from lightning_rl.data.replay_buffer import NStepWindows, TransitionReplayBuffer, check_replay_settings
 
 __all__ = ["MultiAgentReplayDataModule"]
 
@@ -53,11 +53,8 @@ class MultiAgentReplayDataModule(MultiAgentEnvDataModule):
         checkpoint_replay_buffer: bool = True,
     ) -> None:
         super().__init__(env, policy_mapping_fn, num_envs, seed, iterations_per_epoch, sampling_device)
-        if train_freq < 1:
-            raise ValueError(f"train_freq must be >= 1, got {train_freq}")
-        if learning_starts < 0:
-            raise ValueError(f"learning_starts must be >= 0, got {learning_starts}")
-        ReplayBuffer.check_config(buffer_size, 1, n_step, gamma)
+        check_replay_settings(buffer_size, 1, train_freq, learning_starts, n_step, gamma, prioritized_replay,
+                              prioritized_replay_alpha, prioritized_replay_eps)
         self.policy_spaces = dict(policy_spaces)
         self.buffer_size, self.learning_starts, self.train_freq = buffer_size, learning_starts, train_freq
         self.n_step, self.gamma = n_step, gamma

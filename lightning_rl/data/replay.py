@@ -10,7 +10,7 @@ import torch
 from lightning_rl.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
 from lightning_rl.data.base import EnvDataModule, rank_seed
 from lightning_rl.data.envs import EnvSpec
-from lightning_rl.data.replay_buffer import PrioritizedReplayBuffer, ReplayBuffer
+from lightning_rl.data.replay_buffer import PrioritizedReplayBuffer, ReplayBuffer, check_replay_settings
 from lightning_rl.data.sampler import ExploringPolicy
 
 
@@ -63,13 +63,8 @@ class ReplayDataModule(EnvDataModule):
         check_finite: bool = True,
     ) -> None:
         super().__init__(env, num_envs, vectorization, seed, iterations_per_epoch, sampling_device, check_finite)
-        if train_freq < 1:
-            raise ValueError(f"train_freq must be >= 1, got {train_freq}")
-        if learning_starts < 0:
-            raise ValueError(f"learning_starts must be >= 0, got {learning_starts}")
-        ReplayBuffer.check_config(buffer_size, num_envs, n_step, gamma)
-        if prioritized_replay:
-            PrioritizedReplayBuffer.check_priority_config(prioritized_replay_alpha, prioritized_replay_eps)
+        check_replay_settings(buffer_size, num_envs, train_freq, learning_starts, n_step, gamma, prioritized_replay,
+                              prioritized_replay_alpha, prioritized_replay_eps)
         self.buffer_size = buffer_size
         self.learning_starts = learning_starts
         self.train_freq = train_freq

@@ -420,25 +420,14 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         beta: default importance-sampling exponent of ``sample``; annealing it is the
             caller's job (pass ``beta``).
         eps: added to ``|td|`` so no sampleable row gets priority 0.
+        args, kwargs: ``ReplayBuffer``'s.
     """
 
-    def __init__(
-        self,
-        capacity: int,
-        observation_space: gym.Space,
-        action_space: gym.Space,
-        num_envs: int = 1,
-        n_step: int = 1,
-        gamma: float = 0.99,
-        seed: int | None = None,
-        alpha: float = 0.6,
-        beta: float = 0.4,
-        eps: float = 1e-6,
-    ) -> None:
+    def __init__(self, *args: Any, alpha: float = 0.6, beta: float = 0.4, eps: float = 1e-6, **kwargs: Any) -> None:
         self.check_priority_config(alpha, eps)
         if beta < 0:
             raise ValueError(f"beta must be >= 0, got {beta}")
-        super().__init__(capacity, observation_space, action_space, num_envs, n_step, gamma, seed)
+        super().__init__(*args, **kwargs)
         self.beta = float(beta)
         self.prio = ProportionalPriorities(self.capacity, alpha, eps)
         self._sum_tree, self._min_tree = self.prio.sum_tree, self.prio.min_tree
@@ -684,3 +673,15 @@ class TransitionReplayBuffer:
         live = np.arange(self.capacity) < len(self)
         self.prio.load(_as_numpy(state["priorities"]), live, state["max_priority"])
         self.rng.bit_generator.state = state["rng_state"]
+
+
+def check_replay_settings(buffer_size: int, num_envs: int, train_freq: int, learning_starts: int, n_step: int,
+                          gamma: float, prioritized_replay: bool, alpha: float, eps: float) -> None:
+    """Validate a replay DataModule's settings before any buffer is built."""
+    if train_freq < 1:
+        raise ValueError(f"train_freq must be >= 1, got {train_freq}")
+    if learning_starts < 0:
+        raise ValueError(f"learning_starts must be >= 0, got {learning_starts}")
+    ReplayBuffer.check_config(buffer_size, num_envs, n_step, gamma)
+    if prioritized_replay:
+        PrioritizedReplayBuffer.check_priority_config(alpha, eps)

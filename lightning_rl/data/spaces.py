@@ -18,6 +18,8 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from lightning_rl.batch import SampleBatch
+
 __all__ = [
     "FlattenObservation",
     "FlattenVectorObservation",
@@ -181,3 +183,18 @@ def valid_point(space: gym.Space, dtype: torch.dtype) -> torch.Tensor:
     if isinstance(space, gym.spaces.Box):
         return torch.as_tensor(np.clip(np.zeros(space.shape), space.low, space.high)).to(dtype)
     return torch.zeros(space.shape or (), dtype=dtype)
+
+
+@torch.no_grad()
+def placeholder_rollout(policy: Any, observation_space: gym.Space, device: torch.device) -> SampleBatch:
+    """What a DDP rank without rows of a policy steps on: one row of a valid observation (not
+    zeros: a ``Discrete`` observation's one-hot reads ``obs - start``) and ``policy``'s greedy
+    action, with a zero ``mask``."""
+    obs = valid_point(observation_space, torch.float32).to(device).expand(1, *(observation_space.shape or ())).clone()
+    actions = policy.compute_actions(obs, explore=False)[SampleBatch.ACTIONS]
+    zeros = torch.zeros(1, device=device)
+    return SampleBatch({
+        SampleBatch.OBS: obs, SampleBatch.ACTIONS: actions.detach(), SampleBatch.ACTION_LOGP: zeros,
+        SampleBatch.VF_PREDS: zeros, SampleBatch.ADVANTAGES: zeros, SampleBatch.VALUE_TARGETS: zeros,
+        SampleBatch.MASK: zeros,
+    })

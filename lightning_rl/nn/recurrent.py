@@ -10,13 +10,12 @@ for step.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from typing import Any
 
 import gymnasium as gym
 import torch
 from torch import Tensor, nn
 
-from lightning_rl.nn.encoders import Activation
 from lightning_rl.nn.models import ActorCritic, _init_linear, orthogonal_, preprocess_obs
 
 __all__ = ["RecurrentActorCritic"]
@@ -33,19 +32,17 @@ class RecurrentActorCritic(ActorCritic):
         self,
         observation_space: gym.Space,
         action_space: gym.Space,
-        hiddens: Sequence[int] = (64, 64),
-        activation: Activation = "tanh",
+        *,
         vf_share_layers: bool = False,
-        log_std_init: float = 0.0,
         lstm_cell_size: int = 64,
         lstm_use_prev_action: bool = False,
         lstm_use_prev_reward: bool = False,
-        **kwargs: object,
+        **settings: Any,
     ) -> None:
+        """``settings``: ``ActorCritic``'s (``hiddens``, ``activation``, ``encoder``...)."""
         if lstm_cell_size < 1:
             raise ValueError(f"lstm_cell_size must be >= 1, got {lstm_cell_size}")
-        super().__init__(observation_space, action_space, hiddens, activation, vf_share_layers, log_std_init,
-                         **kwargs)
+        super().__init__(observation_space, action_space, vf_share_layers=vf_share_layers, **settings)
         self.use_prev_action, self.use_prev_reward = lstm_use_prev_action, lstm_use_prev_reward
         self.cell_size = lstm_cell_size
         self.action_dim = self.pi_head.out_features  # a previous action's encoding has the head's width
