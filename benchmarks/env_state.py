@@ -18,8 +18,8 @@ import time
 
 import torch
 
-from lightning_rl.data.env_state import capture_env_state
 from lightning_rl.data.envs import make_vector_env
+from lightning_rl.data.envs.state import capture_env_state
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:

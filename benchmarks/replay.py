@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from lightning_rl.batch import SampleBatch
-from lightning_rl.data.replay_buffer import PrioritizedReplayBuffer, ReplayBuffer
+from lightning_rl.data.buffers.replay_buffer import PrioritizedReplayBuffer, ReplayBuffer
 
 
 def fill(buf: ReplayBuffer, steps: int, rng: np.random.Generator, episode_len: float = 100.0) -> float:

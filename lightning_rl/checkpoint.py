@@ -1,7 +1,7 @@
 """Checkpoints that never run code: safe reading, the algorithm registry, per-rank state.
 
 - Files are read with ``torch.load(weights_only=True)``; everything lightning_rl writes is
-  plain data (tensors, numbers, strings, containers), envs included (``data/env_state.py``).
+  plain data (tensors, numbers, strings, containers), envs included (``data/envs/state.py``).
 - The class that wrote a checkpoint is resolved from the algorithms defined in this process
   (``algorithm_registry``), never by importing a module the file names.
 - Callable hyperparameters (an env factory, a lambda) cannot live in a file that loads

@@ -1,4 +1,4 @@
-"""Deterministic evaluation episodes on separate envs (the sampling engine's, ``data/sampler.py``)."""
+"""Deterministic evaluation episodes on separate envs (the sampling engine's, ``data/samplers/engine.py``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader
 
 from lightning_rl.batch import DEFAULT_POLICY_ID
 from lightning_rl.data.envs import EnvSpec
-from lightning_rl.data.sampler import EnvSampler
+from lightning_rl.data.samplers.engine import EnvSampler
 from lightning_rl.inference import Acting
 
 

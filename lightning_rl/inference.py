@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_rl.batch import DEFAULT_POLICY_ID
-from lightning_rl.data.sampler import act
+from lightning_rl.data.samplers.engine import act
 
 if TYPE_CHECKING:
     from lightning_rl.algorithms.base import Algorithm

@@ -28,7 +28,7 @@ import torch
 from lightning_rl.algorithms.base import Algorithm
 from lightning_rl.checkpoint import algorithm_class, algorithm_names, read_checkpoint, resolve_algorithm
 from lightning_rl.data.envs import EnvSpec, GymMake, check_env, env_spaces, env_spec
-from lightning_rl.data.spaces import flatten_env
+from lightning_rl.data.envs.spaces import flatten_env
 from lightning_rl.inference import Acting
 
 __all__ = ["load_model", "main", "make_render_env", "make_render_parallel_env", "record"]

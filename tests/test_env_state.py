@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_rl.data.env_state import UnsupportedEnvState, capture_env_state, restore_env_state
 from lightning_rl.data.envs import make_vector_env
+from lightning_rl.data.envs.state import UnsupportedEnvState, capture_env_state, restore_env_state
 
 NUM_ENVS = 3
 

@@ -135,10 +135,10 @@ def _third_party(path: Path) -> set[str]:
 
 
 def test_the_sampling_engine_knows_no_lightning():
-    """``data/sampler.py`` and every ``lightning_rl`` module it reaches import neither Lightning
+    """``data/samplers/engine.py`` and every ``lightning_rl`` module it reaches import neither Lightning
     nor an algorithm (the package ``__init__`` files Python runs first aside)."""
     graph = import_graph()
-    reached, todo = set(), ["lightning_rl.data.sampler"]
+    reached, todo = set(), ["lightning_rl.data.samplers.engine"]
     while todo:
         module = todo.pop()
         if module not in reached:

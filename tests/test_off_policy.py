@@ -214,7 +214,7 @@ class FirstLearningIteration(pl.Callback):
 def test_replay_loop_matches_a_hand_written_loop():
     """Per gradient step: sample (at the current beta) -> update -> priorities of exactly those rows ->
     Polyak target update, as the reference does; checked against the same steps written out by hand."""
-    from lightning_rl.data.replay_buffer import PrioritizedReplayBuffer
+    from lightning_rl.data.buffers.replay_buffer import PrioritizedReplayBuffer
     from lightning_rl.functional import soft_update_
 
     kwargs = dict(prioritized_replay=True, num_gradient_steps=3, tau=0.5, target_network_update_freq=0,
@@ -254,7 +254,7 @@ def test_uniform_replay_draws_an_iterations_minibatches_at_once():
     """Uniform replay: every minibatch of an iteration comes from one draw of
     ``num_gradient_steps * train_batch_size`` rows, in order (one gather instead of one per
     gradient step); checked against the same steps written out by hand."""
-    from lightning_rl.data.replay_buffer import ReplayBuffer
+    from lightning_rl.data.buffers.replay_buffer import ReplayBuffer
 
     kwargs = dict(prioritized_replay=False, num_gradient_steps=3, target_network_update_freq=10_000,
                   learning_starts=64, grad_clip=0.5)

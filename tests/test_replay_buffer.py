@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from lightning_rl.batch import SampleBatch
-from lightning_rl.data.replay_buffer import PrioritizedReplayBuffer, ReplayBuffer
-from lightning_rl.data.sum_tree import MinTree, SumTree
+from lightning_rl.data.buffers.replay_buffer import PrioritizedReplayBuffer, ReplayBuffer
+from lightning_rl.data.buffers.sum_tree import MinTree, SumTree
 from lightning_rl.functional import n_step_returns
 
 OBS_SPACE = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)

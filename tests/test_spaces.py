@@ -10,7 +10,7 @@ import torch
 
 from lightning_rl import A2C, DQN, IMPALA, PPO, SAC
 from lightning_rl.data.envs import make_vector_env
-from lightning_rl.data.spaces import flatten_observation, flatten_observation_space
+from lightning_rl.data.envs.spaces import flatten_observation, flatten_observation_space
 from lightning_rl.evaluation import evaluate
 from lightning_rl.nn.distributions import Bernoulli, MultiCategorical
 from lightning_rl.nn.models import ActorCritic

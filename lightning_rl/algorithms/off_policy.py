@@ -9,9 +9,9 @@ import torch
 
 from lightning_rl.algorithms.base import Algorithm
 from lightning_rl.batch import MultiAgentBatch, SampleBatch
+from lightning_rl.data.envs.spaces import valid_point
 from lightning_rl.data.multi_agent_replay import MultiAgentReplayDataModule
 from lightning_rl.data.replay import ReplayDataModule
-from lightning_rl.data.spaces import valid_point
 from lightning_rl.distributed import all_reduce_max
 from lightning_rl.learner_info import LEARNER_STATS_KEY, LearnerInfoBuilder
 from lightning_rl.settings import check_positive

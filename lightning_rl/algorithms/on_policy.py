@@ -26,9 +26,9 @@ from lightning_rl.batch import (
     standardize,
 )
 from lightning_rl.data.base import eval_mode
+from lightning_rl.data.envs.spaces import placeholder_rollout
 from lightning_rl.data.multi_agent import BOOTSTRAP_MASK, SEGMENT_LENGTHS, MultiAgentRolloutDataModule
 from lightning_rl.data.rollout import DISCOUNTED_RETURNS, RolloutDataModule
-from lightning_rl.data.spaces import placeholder_rollout
 from lightning_rl.distributed import all_reduce_max, sum_over_ranks
 from lightning_rl.functional import gae_batch, gae_segments, gae_sequences
 from lightning_rl.learner_info import LEARNER_STATS_KEY, LearnerInfoBuilder

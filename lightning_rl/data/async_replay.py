@@ -22,10 +22,10 @@ from lightning_rl.batch import MultiAgentBatch, SampleBatch
 from lightning_rl.checkpoint import pack_rank_states, unpack_rank_state
 from lightning_rl.data.async_sampling import POLICY_VERSION, AsyncSamplingDataModule, FragmentTask, _Fragment
 from lightning_rl.data.base import rank_seed
+from lightning_rl.data.buffers.replay_buffer import NStepWindows, ReplayBuffer, TransitionReplayBuffer
+from lightning_rl.data.buffers.sum_tree import ProportionalPriorities
 from lightning_rl.data.envs import EnvSpec
-from lightning_rl.data.replay_buffer import NStepWindows, ReplayBuffer, TransitionReplayBuffer
 from lightning_rl.data.rollout import RolloutDataModule
-from lightning_rl.data.sum_tree import ProportionalPriorities
 from lightning_rl.functional import double_q_target
 
 __all__ = ["ApexDataModule", "NStepPriorityTask", "worker_epsilons"]

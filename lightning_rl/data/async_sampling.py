@@ -67,9 +67,9 @@ from lightning_rl.batch import (
 )
 from lightning_rl.data.base import EnvDataModule, policy_state, rank_seed
 from lightning_rl.data.envs import EnvSpec, describe_exit_code, make_vector_env, stop_processes
-from lightning_rl.data.multi_agent_fragments import MultiAgentFragmentSampler, split_policy_columns
 from lightning_rl.data.rollout import RolloutDataModule
-from lightning_rl.data.sampler import EnvSampler, ExploringPolicy
+from lightning_rl.data.samplers.engine import EnvSampler, ExploringPolicy
+from lightning_rl.data.samplers.multi_agent import MultiAgentFragmentSampler, split_policy_columns
 
 __all__ = ["AsyncSamplingDataModule", "MinibatchBuffer"]
 

@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from lightning_rl.batch import MultiAgentBatch
 from lightning_rl.checkpoint import pack_rank_states, unpack_rank_state
 from lightning_rl.data.envs import EnvSpec, resolve_vectorization
-from lightning_rl.data.sampler import EnvSampler, eval_mode, new_generator, policy_state, rank_seed
+from lightning_rl.data.samplers.engine import EnvSampler, eval_mode, new_generator, policy_state, rank_seed
 
 __all__ = ["EnvDataModule", "eval_mode", "new_generator", "policy_state", "rank_seed"]
 
@@ -129,7 +129,7 @@ class EnvDataModule(pl.LightningDataModule):
     # ------------------------------------------------------------ checkpointing
     def state_dict(self) -> dict[str, Any]:
         """Every rank's sampler state for exact resume (``{"world_size", "ranks"}``): RNG,
-        the envs' own state as plain data (``data/env_state.py``; never pickled, so loading
+        the envs' own state as plain data (``data/envs/state.py``; never pickled, so loading
         runs no code) and where each env is in its episode. Gathers over DDP ranks: call it
         on every rank together, as Lightning's checkpointing does."""
         if self.envs is None:

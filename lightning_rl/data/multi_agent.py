@@ -23,7 +23,7 @@ import torch
 from lightning_rl.batch import MultiAgentBatch, SampleBatch
 from lightning_rl.checkpoint import pack_rank_states, unpack_rank_state
 from lightning_rl.data.base import EnvDataModule, rank_seed
-from lightning_rl.data.env_state import UnsupportedEnvState, capture_env_state, restore_env_state
+from lightning_rl.data.envs.state import UnsupportedEnvState, capture_env_state, restore_env_state
 
 __all__ = [
     "MultiAgentEnvDataModule",

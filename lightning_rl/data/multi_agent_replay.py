@@ -13,8 +13,8 @@ import torch
 
 from lightning_rl.batch import MultiAgentBatch, SampleBatch
 from lightning_rl.data.base import rank_seed
+from lightning_rl.data.buffers.replay_buffer import NStepWindows, TransitionReplayBuffer, check_replay_settings
 from lightning_rl.data.multi_agent import MultiAgentEnvDataModule
-from lightning_rl.data.replay_buffer import NStepWindows, TransitionReplayBuffer, check_replay_settings
 
 __all__ = ["MultiAgentReplayDataModule"]
 

@@ -9,9 +9,9 @@ import torch
 
 from lightning_rl.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
 from lightning_rl.data.base import EnvDataModule, rank_seed
+from lightning_rl.data.buffers.replay_buffer import PrioritizedReplayBuffer, ReplayBuffer, check_replay_settings
 from lightning_rl.data.envs import EnvSpec
-from lightning_rl.data.replay_buffer import PrioritizedReplayBuffer, ReplayBuffer, check_replay_settings
-from lightning_rl.data.sampler import ExploringPolicy
+from lightning_rl.data.samplers.engine import ExploringPolicy
 
 
 class ReplayDataModule(EnvDataModule):

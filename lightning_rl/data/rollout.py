@@ -10,7 +10,7 @@ import torch
 from lightning_rl.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
 from lightning_rl.data.base import EnvDataModule, rank_seed
 from lightning_rl.data.envs import EnvSpec
-from lightning_rl.data.sampler import ExploringPolicy
+from lightning_rl.data.samplers.engine import ExploringPolicy
 from lightning_rl.functional import discounted_returns
 
 __all__ = ["DISCOUNTED_RETURNS", "RolloutDataModule", "rank_seed"]

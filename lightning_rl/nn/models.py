@@ -84,7 +84,7 @@ def flat_obs_dim(space: gym.Space) -> int:
         return int(np.prod(space.shape))
     if isinstance(space, gym.spaces.Dict | gym.spaces.Tuple):
         raise ValueError(f"observation space {space} reached a network unflattened: lightning_rl flattens Dict and "
-                         "Tuple observations where it makes single-agent envs (lightning_rl.data.spaces); "
+                         "Tuple observations where it makes single-agent envs (lightning_rl.data.envs.spaces); "
                          "flatten them yourself elsewhere (e.g. multi-agent envs)")
     raise ValueError(f"unsupported observation space {space}: use Box, Discrete, MultiDiscrete (1-D), MultiBinary, "
                      "or Dict/Tuple of them")

@@ -28,8 +28,8 @@ from lightning_rl.batch import (
     STATE_OUT,
     SampleBatch,
 )
-from lightning_rl.data.env_state import UnsupportedEnvState, capture_env_state, restore_env_state
 from lightning_rl.data.envs import EnvSpec, close_vector_env, make_vector_env, reset_vector_env, step_vector_env
+from lightning_rl.data.envs.state import UnsupportedEnvState, capture_env_state, restore_env_state
 
 
 def rank_seed(seed: int | None, rank: int) -> int | None:
@@ -189,7 +189,7 @@ class EnvSampler:
 
     def episode_info(self) -> dict[str, Any]:
         """Returns and lengths of the episodes that ended since the last call."""
-        stats = self.envs  # the EpisodeStatistics wrapper (data/envs.py)
+        stats = self.envs  # the EpisodeStatistics wrapper (data/envs/__init__.py)
         new = min(stats.episode_count - self._episodes_seen, len(stats.return_queue))
         self._episodes_seen = stats.episode_count
         returns = [float(r) for r in islice(reversed(stats.return_queue), new)][::-1]

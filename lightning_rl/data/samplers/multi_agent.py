@@ -18,8 +18,8 @@ import numpy as np
 import torch
 
 from lightning_rl.batch import SampleBatch
+from lightning_rl.data.envs.spaces import valid_point
 from lightning_rl.data.multi_agent import MultiAgentEnvDataModule
-from lightning_rl.data.spaces import valid_point
 
 __all__ = ["MultiAgentFragmentSampler", "split_policy_columns"]
 

@@ -20,7 +20,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
-from lightning_rl.data.spaces import flatten_vector_env
+from lightning_rl.data.envs.spaces import flatten_vector_env
 
 Vectorization = Literal["auto", "sync", "async", "vector_entry_point"]
 VECTORIZATIONS = ("auto", "sync", "async", "vector_entry_point")
@@ -186,7 +186,7 @@ def make_vector_env(env: EnvSpec, num_envs: int, vectorization: str = "auto") ->
             venv = gym.vector.AsyncVectorEnv([worker_env] * num_envs, autoreset_mode=AutoresetMode.NEXT_STEP)
     if venv.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP) != AutoresetMode.NEXT_STEP:
         raise ValueError(f"{env!r}: lightning_rl needs next-step autoreset, got {venv.metadata['autoreset_mode']}")
-    venv = flatten_vector_env(venv)  # Dict/Tuple observations -> one float32 vector (data/spaces.py)
+    venv = flatten_vector_env(venv)  # Dict/Tuple observations -> one float32 vector (data/envs/spaces.py)
     return EpisodeStatistics(venv, buffer_length=100_000, env_name=repr(env))
 
 

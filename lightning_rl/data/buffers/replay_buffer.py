@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from lightning_rl.batch import SampleBatch
-from lightning_rl.data.sum_tree import ProportionalPriorities
+from lightning_rl.data.buffers.sum_tree import ProportionalPriorities
 from lightning_rl.functional import n_step_returns
 
 

@@ -1,0 +1,2 @@
+"""Replay storage: the ring buffers of transitions (uniform, prioritized, n-step) and the sum tree
+of proportional priorities."""
