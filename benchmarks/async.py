@@ -22,6 +22,7 @@ Usage::
     python benchmarks/async.py --algo APPO --steps 500000 --repeats 1
     python benchmarks/async.py --algo APEX --steps 20000
     python benchmarks/async.py --algo A3C --num-envs 8
+    python benchmarks/async.py --env ALE/Breakout-v5 --workers 0,2 --steps 8000 --repeats 1
 """
 
 from __future__ import annotations
@@ -56,12 +57,16 @@ class Lag(pl.Callback):
         self.waits.append(perf.get("learner_wait_ms", 0.0))
 
 
-def run(algo: type, workers: int, steps: int, num_envs: int, seed: int) -> dict[str, Any]:
+def run(algo: type, workers: int, steps: int, num_envs: int, seed: int, env: str = "CartPole-v1") -> dict[str, Any]:
+    # an ALE id: impala_atari.yaml's network (IMPALA's CNN shared by both heads) and fragments
+    pixels = dict(encoder="impala_cnn", hiddens=(), vf_share_layers=True) if env.startswith("ALE/") else {}
     if algo in (IMPALA, APPO):
-        model = algo(env="CartPole-v1", num_workers=workers, num_envs=num_envs, rollout_fragment_length=50,
-                     train_batch_size=500, total_env_steps=steps, seed=seed, iterations_per_epoch=50)
+        length = 20 if pixels else 50
+        model = algo(env=env, num_workers=workers, num_envs=num_envs, rollout_fragment_length=length,
+                     train_batch_size=10 * length, total_env_steps=steps, seed=seed,
+                     iterations_per_epoch=50, **pixels)
     else:  # their defaults (APEX: 16-step fragments; A3C: 5-step ones)
-        model = algo(env="CartPole-v1", num_workers=workers, num_envs=num_envs, total_env_steps=steps, seed=seed)
+        model = algo(env=env, num_workers=workers, num_envs=num_envs, total_env_steps=steps, seed=seed, **pixels)
     lag = Lag()
     trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, callbacks=[lag])
@@ -74,7 +79,7 @@ def run(algo: type, workers: int, steps: int, num_envs: int, seed: int) -> dict[
         "trained_per_s": model.counters["num_env_steps_trained"] / seconds,
         "lag_mean": float(np.mean(lag.lags)), "lag_max": int(lag.lag_max),
         "learner_wait_ms": float(np.mean(lag.waits)),
-        "greedy": float(np.mean(evaluate(model, num_episodes=10, seed=seed + 10_000))),
+        "greedy": float(np.mean(evaluate(model, num_episodes=2 if pixels else 10, seed=seed + 10_000))),
     }
 
 
@@ -85,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=200_000, help="env steps per run (default 200k)")
     p.add_argument("--num-envs", type=int, default=4, help="envs per worker (default 4)")
     p.add_argument("--repeats", type=int, default=2, help="runs per worker count, seeds 0.. (default 2)")
+    p.add_argument("--env", default="CartPole-v1", help="an env id; an ALE id gets IMPALA's CNN (default CartPole-v1)")
     args = p.parse_args(argv)
     warnings.filterwarnings("ignore")
     logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
@@ -94,14 +100,14 @@ def main(argv: list[str] | None = None) -> int:
     runs = []
     for seed in range(args.repeats):
         for workers in counts:
-            r = run(algo, workers, args.steps, args.num_envs, seed)
+            r = run(algo, workers, args.steps, args.num_envs, seed, args.env)
             runs.append(r)
             print(f"[{args.algo} workers={workers} seed={seed}] {r['env_steps']:,} steps in {r['fit_s']:.1f}s = "
                   f"{r['steps_per_s']:,.0f} steps/s, {r['trained_per_s']:,.0f} trained rows/s; "
                   f"policy lag mean {r['lag_mean']:.2f} max {r['lag_max']}; "
                   f"learner wait {r['learner_wait_ms']:.1f} ms/iter; greedy {r['greedy']:.0f}", flush=True)
     base = statistics.median(r["steps_per_s"] for r in runs if r["workers"] == counts[0])
-    print(f"\n{args.algo} CartPole-v1, {args.steps:,} env steps, {args.num_envs} envs per worker; medians of "
+    print(f"\n{args.algo} {args.env}, {args.steps:,} env steps, {args.num_envs} envs per worker; medians of "
           f"{args.repeats}")
     print("| workers | env steps/s | vs 0 workers | trained rows/s | policy lag mean / max | learner wait ms/iter "
           "| greedy |")
@@ -116,8 +122,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{statistics.fmean(r['lag_mean'] for r in mine):.2f} / {max(r['lag_max'] for r in mine)} | "
               f"{statistics.fmean(r['learner_wait_ms'] for r in mine):.1f} | "
               f"{statistics.fmean(r['greedy'] for r in mine):.0f} |")
-    print(json.dumps({"benchmark": "async", "algo": args.algo, "steps": args.steps, "num_envs": args.num_envs,
-                      "summary": summary, "runs": runs}))
+    print(json.dumps({"benchmark": "async", "algo": args.algo, "env": args.env, "steps": args.steps,
+                      "num_envs": args.num_envs, "summary": summary, "runs": runs}))
     return 0
 
 

@@ -27,7 +27,8 @@ def evaluate(
 ) -> list[float]:
     """Returns of ``num_episodes`` episodes, one per env of a fresh vector env, greedy by default.
 
-    Each env plays exactly one episode, so short episodes are not over-represented.
+    Each env plays exactly one episode (a whole game for Atari), so short episodes are not
+    over-represented.
     ``env`` defaults to the module's own (``module.env_spec``).
     """
     if num_episodes < 1:
@@ -45,8 +46,10 @@ def evaluate(
         while not finished.all():
             _, rewards, terminateds, truncateds, _ = sampler.step(acting.act(sampler.obs))  # Box actions clipped
             acting.observe(rewards, terminateds | truncateds)
-            returns += np.where(finished, 0.0, rewards)
-            finished |= terminateds | truncateds
+            # the episode statistics' returns: raw, and whole games' scores for Atari (data/envs/atari.py)
+            for env, episode_return in sampler.envs.last_ended.items():
+                if not finished[env]:
+                    returns[env], finished[env] = episode_return, True
     finally:
         sampler.close()
     return returns.tolist()

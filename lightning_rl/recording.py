@@ -186,6 +186,7 @@ def record(
     try:
         model.check_spaces(render_env.observation_space, render_env.action_space)
         space = render_env.action_space
+        games = bool(render_env.metadata.get("game_scores"))  # episodes are whole games
         truncated_gif = False
         for episode in range(num_episodes):
             obs, _ = render_env.reset(seed=seed if episode == 0 else None)
@@ -199,11 +200,16 @@ def record(
                 action = acting.act(np.asarray(obs)[None])[0]
                 if isinstance(space, gym.spaces.Box):
                     action = np.clip(action, space.low, space.high).astype(space.dtype)
-                obs, reward, terminated, truncated, _ = render_env.step(action)
+                obs, reward, terminated, truncated, info = render_env.step(action)
                 episode_return += float(reward)
                 done = bool(terminated or truncated)
                 acting.observe([reward], [done])
                 frames.append(_frame(render_env))
+                if games and done:  # Atari (data/envs/atari.py): a whole game, its raw score
+                    episode_return = float(info.get("game_score", episode_return))
+                    if "game_score" not in info:  # a lost life: the game goes on
+                        obs, _ = render_env.reset()
+                        done = False
             if truncated_gif:
                 break
             returns.append(episode_return)

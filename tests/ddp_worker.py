@@ -29,6 +29,7 @@ from pytorch_lightning.loggers import CSVLogger
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lightning_rl import A2C, APEX, APPO, DQN, IMPALA, PPO, SAC
+from tests.image_envs import BrightSide
 from tests.multi_agent_envs import RankRelay, by_agent
 from tests.space_envs import CueMatch
 
@@ -168,6 +169,9 @@ def main(out: Path, mode: str) -> None:
                     encoder="tests.test_custom_network.TwoLayerEncoder",
                     rollout_fragment_length=16, sgd_minibatch_size=16, num_sgd_iter=2, total_env_steps=2 * 32 * 4,
                     **common)
+    elif mode == "pixels":  # uint8 image observations, the default CNN (IMPALA's for 16x16 frames)
+        model = PPO(env=BrightSide, num_envs=2, rollout_fragment_length=16, sgd_minibatch_size=16, num_sgd_iter=2,
+                    hiddens=(), vf_share_layers=True, total_env_steps=2 * 32 * 3, vectorization="sync", **common)
     elif mode == "spaces":  # Dict observations (flattened at the envs), MultiDiscrete actions with a start
         model = PPO(env=CueMatch, num_envs=2, rollout_fragment_length=16, sgd_minibatch_size=16, num_sgd_iter=2,
                     hiddens=(16,), total_env_steps=2 * 32 * 3, vectorization="sync", **common)

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -28,3 +30,16 @@ def test_env_state_prints_its_figures_as_json_last():
     assert sorted(result) == ["capture_ms", "kB", "num_envs", "steps", "torch_save_ms"]
     assert (result["num_envs"], result["steps"]) == (2, 5)
     assert all(isinstance(result[k], float) and result[k] > 0 for k in ("capture_ms", "torch_save_ms", "kB"))
+
+
+@pytest.mark.slow  # two CNN fits per algorithm on 2 cores: about 3 minutes
+def test_atari_prints_both_sides_throughput_as_json_last():
+    proc = run_benchmark("atari", "--algos", "ppo,dqn", "--seeds", "1", "--ppo-steps", "1024", "--dqn-steps", "1100",
+                         timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert sorted(result["algos"]) == ["dqn", "ppo"] and result["game"] == "ALE/Breakout-v5"
+    for algo, steps in (("ppo", 1024), ("dqn", 1100)):
+        figures = result["algos"][algo]
+        assert figures["env_steps"] == steps and all(figures["steps_per_s"][k] > 0 for k in ("ours", "sb3"))
+        assert figures["ratio_ours_over_sb3"] == figures["steps_per_s"]["ours"] / figures["steps_per_s"]["sb3"]

@@ -149,6 +149,16 @@ def test_dict_observations_and_multi_discrete_actions_under_ddp(tmp_path):
     assert len(r0["first_obs"][0]) == 3 + 2  # the cue one-hot, then pos
 
 
+def test_image_observations_and_a_cnn_under_ddp(tmp_path):
+    """PPO on uint8 frames (BrightSide, 16x16) with the default CNN: each rank samples its own
+    frames, both take the same steps and end with identical CNN weights."""
+    r0, r1, _ = run_ddp(tmp_path, "pixels", timeout=300)
+    assert r0["params"] == r1["params"]
+    assert r0["counters"]["num_grad_updates"] == r1["counters"]["num_grad_updates"] == 3 * 2 * 2
+    assert r0["first_obs"] != r1["first_obs"]  # each rank's own envs
+    assert {v for frame in r0["first_obs"] for row in frame for col in row for v in col} <= {0, 255}  # uint8 frames
+
+
 @pytest.mark.parametrize("mode", ["multi_agent", "multi_agent_dqn", "multi_agent_impala"])
 def test_multi_agent_policy_with_rows_on_one_rank_only(tmp_path, mode):
     """RankRelay: the helper agent (policy p_helper) acts only in rank 0's envs. Rank 1 steps on

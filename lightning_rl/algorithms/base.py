@@ -38,7 +38,7 @@ from lightning_rl.evaluation import EvaluationHooks
 from lightning_rl.functional import piecewise_linear
 from lightning_rl.inference import ActionAPI
 from lightning_rl.learner_info import LearnerInfoBuilder
-from lightning_rl.nn.encoders import Activation
+from lightning_rl.nn.encoders import Activation, EncoderSpec
 from lightning_rl.policies import Policies, PolicyMapping
 from lightning_rl.process import ProcessSettings
 from lightning_rl.settings import (
@@ -102,6 +102,7 @@ class Algorithm(ActionAPI, EvaluationHooks, pl.LightningModule):
         grad_clip: float | None = 0.5,
         hiddens: Sequence[int] = (64, 64),
         activation: Activation = "tanh",
+        encoder: EncoderSpec = None,
         policies: Sequence[str] | dict[str, dict[str, Any]] | None = None,
         policy_mapping_fn: PolicyMapping | None = None,
         policies_to_train: Sequence[str] | None = None,
@@ -121,7 +122,7 @@ class Algorithm(ActionAPI, EvaluationHooks, pl.LightningModule):
         self.vectorization, self.check_finite = vectorization, check_finite
         self.lr, self.gamma, self.grad_clip = lr, gamma, grad_clip
         self.lr_points = resolve_schedule("lr_schedule", lr_schedule, lr, total_env_steps, self.lr_schedule_unset)
-        self.hiddens, self.activation = hiddens, activation
+        self.hiddens, self.activation, self.encoder = hiddens, activation, encoder
         self.evaluation_interval, self.evaluation_num_episodes = evaluation_interval, evaluation_num_episodes
         self.process_settings = ProcessSettings(num_cpu_threads, cpu_affinity)
         self.compile = bool(compile)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from lightning_rl.nn.encoders import EncoderSpec
 from lightning_rl.settings import SettingsGroup
 
 
@@ -22,7 +21,6 @@ class ActorCriticSettings(SettingsGroup):
         entropy_coeff: float = 0.0,
         vf_share_layers: bool = False,
         log_std_init: float = 0.0,
-        encoder: EncoderSpec = None,
         **settings: Any,
     ) -> None:
         super().__init__(**settings)
@@ -33,7 +31,7 @@ class ActorCriticSettings(SettingsGroup):
         # what ActorCritic (nn/models.py) is built with, beside the spaces
         self.network_settings: dict[str, Any] = dict(
             hiddens=self.hiddens, activation=self.activation, vf_share_layers=vf_share_layers,
-            log_std_init=log_std_init, encoder=encoder,
+            log_std_init=log_std_init, encoder=self.encoder,
         )
 
 

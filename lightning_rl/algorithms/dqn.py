@@ -60,7 +60,8 @@ class DQN(OffPolicyModule):
         if not 0.0 <= epsilon_end <= 1.0 or not 0.0 <= epsilon_start <= 1.0:
             raise ValueError(f"epsilon_start and epsilon_end must be in [0, 1], got {epsilon_start}, {epsilon_end}")
         self.double_q = double_q
-        self.build_policies(QNetwork, hiddens=self.hiddens, activation=self.activation, dueling=dueling)
+        self.build_policies(QNetwork, hiddens=self.hiddens, activation=self.activation, dueling=dueling,
+                            encoder=self.encoder)
         self.target_q = copy.deepcopy(self.policies).requires_grad_(False)
         self.epsilon_points = [(0.0, epsilon_start), (float(max(epsilon_timesteps, 1)), epsilon_end)]
 

@@ -45,7 +45,9 @@ class SAC(OffPolicyModule):
         hiddens=(256, 256), activation="relu", buffer_size=1_000_000, learning_starts=100, train_freq=1,
         num_gradient_steps=1, train_batch_size=256, n_step=1, tau=0.005, target_network_update_freq=0,
     )
-    fixed_settings: ClassVar[dict[str, Any]] = dict(policies=None, policy_mapping_fn=None, policies_to_train=None)
+    # single-agent, MLP networks
+    fixed_settings: ClassVar[dict[str, Any]] = dict(policies=None, policy_mapping_fn=None, policies_to_train=None,
+                                                    encoder=None)
 
     def __init__(self, *, initial_alpha: float = 1.0, target_entropy: float | str = "auto", **settings: Any) -> None:
         super().__init__(**settings)

@@ -37,6 +37,12 @@ ACTIVATIONS: dict[str, type[nn.Module]] = {
     "identity": nn.Identity, "linear": nn.Identity,
 }
 
+# Encoders by name (``encoder="nature_cnn"``); a checkpoint keeps the name.
+ENCODERS: dict[str, str] = {
+    "nature_cnn": "lightning_rl.nn.cnn.NatureCNN",
+    "impala_cnn": "lightning_rl.nn.cnn.ImpalaCNN",
+}
+
 # Plain data or a class in the annotation, so the CLI reads a YAML mapping as data (a Callable in
 # the union would make jsonargparse turn it into a closure no checkpoint can keep). A
 # ``functools.partial`` of a class, or any factory, is accepted from Python as well.
@@ -120,7 +126,12 @@ def encoder_factory(encoder: EncoderSpec) -> Callable[[gym.Space], nn.Module] | 
         return encoder
     if isinstance(encoder, str):
         check_not_placeholder("encoder", encoder)  # a factory a checkpoint could not name: pass it again
-        encoder = {"class_path": encoder}
+        if encoder not in ENCODERS and "." not in encoder:
+            raise ValueError(f"unknown encoder {encoder!r}: use one of {', '.join(ENCODERS)}, an nn.Module class "
+                             "or its import path")
+        encoder = {"class_path": ENCODERS.get(encoder, encoder)}
+    if isinstance(encoder, dict) and encoder.get("class_path") in ENCODERS:
+        encoder = {**encoder, "class_path": ENCODERS[encoder["class_path"]]}
     if not isinstance(encoder, dict) or "class_path" not in encoder:
         raise ValueError(f"encoder must be an nn.Module factory, its import path or a mapping with class_path "
                          f"(and init_args), got {encoder!r}")

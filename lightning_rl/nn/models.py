@@ -10,8 +10,10 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from lightning_rl.nn.cnn import default_image_encoder
 from lightning_rl.nn.distributions import Bernoulli, Categorical, DiagGaussian, Distribution, MultiCategorical
 from lightning_rl.nn.encoders import ACTIVATIONS, Activation, EncoderSpec, build_encoder, resolve_activation
+from lightning_rl.nn.init import orthogonal_
 from lightning_rl.nn.normalization import RunningMeanStd
 
 __all__ = ["ACTIVATIONS", "MLP", "ActorCritic", "flat_obs_dim", "mlp", "preprocess_obs"]
@@ -51,16 +53,21 @@ def mlp(in_dim: int, hiddens: Sequence[int], activation: Activation, first: Sequ
     return MLP(*layers)
 
 
-def orthogonal_(weight: Tensor, gain: float) -> None:
-    """``nn.init.orthogonal_`` on one thread: the last bits of its QR decomposition depend on
-    torch's thread count, and a seeded run must not (1 ulp in a 64x64 layer grows into a
-    different run)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        nn.init.orthogonal_(weight, gain)
-    finally:
-        torch.set_num_threads(threads)
+def trunk(space: gym.Space, in_dim: int, hiddens: Sequence[int], activation: Activation,
+          encoder: EncoderSpec) -> tuple[MLP, int, int]:
+    """``(layers, output width, count of encoder layers first)``: ``encoder`` (reading the
+    observations in their own shape; for an image space without one, ``nature_cnn`` or
+    ``impala_cnn``, see ``nn/cnn.py``) then the MLP of ``hiddens``."""
+    first: list[nn.Module] = []
+    if encoder is None:
+        encoder = default_image_encoder(space)
+    if encoder is not None:
+        box = isinstance(space, gym.spaces.Box)  # others arrive one-hot / flat
+        shape = tuple(space.shape) if box else (in_dim,)
+        user, in_dim = build_encoder(encoder, space, shape)
+        first = [nn.Unflatten(1, shape), user] if len(shape) > 1 else [user]
+    hiddens = list(hiddens)
+    return mlp(in_dim, hiddens, activation, first), hiddens[-1] if hiddens else in_dim, len(first)
 
 
 def _init_linear(module: nn.Module, gain: float) -> None:
@@ -189,16 +196,10 @@ class ActorCritic(nn.Module):
         _init_linear(self.vf_head, 1.0)
 
     def _trunk(self, in_dim: int, hiddens: list[int], activation: Activation, encoder: EncoderSpec) -> MLP:
-        """``encoder`` (reading observations in their own shape) then the MLP; sets ``features_dim``."""
-        first: list[nn.Module] = []
-        if encoder is not None:
-            box = isinstance(self.observation_space, gym.spaces.Box)  # others arrive one-hot / flat
-            shape = tuple(self.observation_space.shape) if box else (in_dim,)
-            user, in_dim = build_encoder(encoder, self.observation_space, shape)
-            first = [nn.Unflatten(1, shape), user] if len(shape) > 1 else [user]
-        self.features_dim = hiddens[-1] if hiddens else in_dim
-        self._user_layers = len(first)
-        return mlp(in_dim, hiddens, activation, first)
+        """``trunk``; sets ``features_dim`` and ``_user_layers``."""
+        layers, self.features_dim, self._user_layers = trunk(self.observation_space, in_dim, hiddens, activation,
+                                                             encoder)
+        return layers
 
     def encoder_input(self, obs: Tensor) -> Tensor:
         """``[N, *obs_shape]`` observations -> ``[N, flat_obs_dim]`` floats, standardized when

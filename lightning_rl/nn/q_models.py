@@ -9,7 +9,8 @@ import gymnasium as gym
 import torch
 from torch import Tensor, nn
 
-from lightning_rl.nn.models import flat_obs_dim, mlp, preprocess_obs
+from lightning_rl.nn.encoders import EncoderSpec
+from lightning_rl.nn.models import flat_obs_dim, mlp, preprocess_obs, trunk
 
 
 class QNetwork(nn.Module):
@@ -23,15 +24,16 @@ class QNetwork(nn.Module):
         hiddens: Sequence[int] = (256, 256),
         activation: str = "relu",
         dueling: bool = False,
+        encoder: EncoderSpec = None,
     ) -> None:
         super().__init__()
         if not isinstance(action_space, gym.spaces.Discrete):
             raise ValueError(f"unsupported action space {action_space}: DQN needs Discrete actions")
         self.observation_space = observation_space
         self.num_actions = int(action_space.n)
-        in_dim = flat_obs_dim(observation_space)
-        self.encoder = mlp(in_dim, hiddens, activation)
-        out_dim = hiddens[-1] if hiddens else in_dim
+        # ``encoder`` (a CNN by default for images) then the MLP
+        self.encoder, out_dim, _ = trunk(observation_space, flat_obs_dim(observation_space), hiddens, activation,
+                                         encoder)
         self.advantage_head = nn.Linear(out_dim, self.num_actions)
         self.value_head = nn.Linear(out_dim, 1) if dueling else None
 

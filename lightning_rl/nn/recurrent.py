@@ -16,7 +16,8 @@ import gymnasium as gym
 import torch
 from torch import Tensor, nn
 
-from lightning_rl.nn.models import ActorCritic, _init_linear, orthogonal_, preprocess_obs
+from lightning_rl.nn.init import orthogonal_
+from lightning_rl.nn.models import ActorCritic, _init_linear, preprocess_obs
 
 __all__ = ["RecurrentActorCritic"]
 

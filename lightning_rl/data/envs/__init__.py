@@ -20,6 +20,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
+from lightning_rl.data.envs.atari import is_atari_id, make_atari, register_ale
 from lightning_rl.data.envs.spaces import flatten_vector_env
 
 Vectorization = Literal["auto", "sync", "async", "vector_entry_point"]
@@ -37,7 +38,7 @@ class GymMake:
         self.kwargs = dict(kwargs or {})
 
     def __call__(self, **overrides: Any) -> gym.Env:
-        return gym.make(self.env_id, **{**self.kwargs, **overrides})
+        return gym_make(self.env_id, **{**self.kwargs, **overrides})
 
     def __repr__(self) -> str:
         return f"GymMake({self.env_id!r}, {self.kwargs!r})"
@@ -51,6 +52,14 @@ class GymMake:
 EnvSpec = str | Callable[[], gym.Env]
 
 
+def gym_make(env_id: str, **kwargs: Any) -> gym.Env:
+    """``gymnasium.make``, except that an ALE id gets the standard Atari preprocessing
+    (``atari.make_atari``; its steps are switched by ``kwargs``)."""
+    if is_atari_id(env_id):
+        return make_atari(env_id, **kwargs)
+    return gym.make(env_id, **kwargs)
+
+
 def env_id_of(env: Any) -> str | None:
     """The registered id behind ``env`` (a string or a ``GymMake``), else ``None``."""
     if isinstance(env, str):
@@ -62,6 +71,8 @@ def _check_id(env_id: str) -> gym.envs.registration.EnvSpec:
     """The registry entry of ``env_id``; ``"module:Id-v0"`` imports ``module`` first (it
     registers the env), as ``gymnasium.make`` does. Errors name the env and what failed."""
     module, _, name = env_id.rpartition(":")
+    if is_atari_id(name):
+        register_ale(env_id)
     if module:
         try:
             importlib.import_module(module)
@@ -129,7 +140,7 @@ def make_env(env: EnvSpec) -> gym.Env:
     env_id = env_id_of(env)
     if env_id is not None:
         _check_id(env_id)
-        return gym.make(env_id) if isinstance(env, str) else env()
+        return gym_make(env_id) if isinstance(env, str) else env()
     if callable(env):
         made = env()
         if not isinstance(made, gym.Env):
@@ -156,7 +167,8 @@ def resolve_vectorization(env: EnvSpec, vectorization: str) -> str:
         if vectorization == "vector_entry_point" and (env_id is None or _check_id(env_id).vector_entry_point is None):
             raise ValueError(f"env {env!r} registers no vector_entry_point")
         return vectorization
-    if env_id is not None and _check_id(env_id).vector_entry_point is not None:
+    # ALE's own vector env preprocesses otherwise and autoresets in the same step: not for Atari
+    if env_id is not None and _check_id(env_id).vector_entry_point is not None and not is_atari_id(env_id):
         return "vector_entry_point"
     return "sync"
 
@@ -178,7 +190,7 @@ def make_vector_env(env: EnvSpec, num_envs: int, vectorization: str = "auto") ->
         venv = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="vector_entry_point", **kwargs)
     else:
         # functools.partial, not a lambda: the vector env stays picklable for checkpoints.
-        make_one: Callable[[], gym.Env] = partial(gym.make, env) if isinstance(env, str) else env
+        make_one: Callable[[], gym.Env] = partial(gym_make, env) if isinstance(env, str) else env
         if mode == "sync":
             venv = gym.vector.SyncVectorEnv([make_one] * num_envs, autoreset_mode=AutoresetMode.NEXT_STEP)
         else:
@@ -187,7 +199,8 @@ def make_vector_env(env: EnvSpec, num_envs: int, vectorization: str = "auto") ->
     if venv.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP) != AutoresetMode.NEXT_STEP:
         raise ValueError(f"{env!r}: lightning_rl needs next-step autoreset, got {venv.metadata['autoreset_mode']}")
     venv = flatten_vector_env(venv)  # Dict/Tuple observations -> one float32 vector (data/envs/spaces.py)
-    return EpisodeStatistics(venv, buffer_length=100_000, env_name=repr(env))
+    return EpisodeStatistics(venv, buffer_length=100_000, env_name=repr(env),
+                             game_scores=bool(venv.metadata.get("game_scores")))
 
 
 class EpisodeStatistics(gym.vector.VectorWrapper):
@@ -196,17 +209,25 @@ class EpisodeStatistics(gym.vector.VectorWrapper):
     ``return_queue``, ``length_queue``; returns summed in float64) in a few numpy operations
     per step. At 8 CartPoles gymnasium's wrapper cost half as much as the envs' own step,
     paid at every env step. It adds nothing to ``info``. ``env_name`` names the env in errors.
+
+    ``game_scores`` (an env wrapped in ``atari.GameScore`` says so in its metadata): the episodes
+    counted are whole games with their raw scores (``atari.GameScore``), not the lives and
+    clipped rewards the learner sees. ``last_ended``: ``{env: return}`` of the episodes that
+    ended at the last step.
     """
 
-    def __init__(self, env: gym.vector.VectorEnv, buffer_length: int = 100, env_name: str | None = None) -> None:
+    def __init__(self, env: gym.vector.VectorEnv, buffer_length: int = 100, env_name: str | None = None,
+                 game_scores: bool = False) -> None:
         super().__init__(env)
         self.env_name = env_name
+        self.game_scores = game_scores
         self.episode_count = 0
         self.episode_returns = np.zeros(self.num_envs)
         self.episode_lengths = np.zeros(self.num_envs, dtype=np.int64)
         self.prev_dones = np.zeros(self.num_envs, dtype=bool)
         self.return_queue: deque[np.float64] = deque(maxlen=buffer_length)
         self.length_queue: deque[np.int64] = deque(maxlen=buffer_length)
+        self.last_ended: dict[int, float] = {}
 
     def reset(self, *, seed: Any = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
         mask = None if options is None else options.get("reset_mask")
@@ -229,11 +250,18 @@ class EpisodeStatistics(gym.vector.VectorWrapper):
             self.episode_returns += rewards
             self.episode_lengths += 1
         self.prev_dones = dones = terminateds | truncateds
-        if dones.any():
-            ended = np.flatnonzero(dones)
+        self.last_ended = {}
+        if self.game_scores:
+            ended = np.flatnonzero(info.get("_game_score", ())) if "game_score" in info else ()
+            returns, lengths = info.get("game_score"), info.get("game_length")
+        else:
+            ended = np.flatnonzero(dones) if dones.any() else ()
+            returns, lengths = self.episode_returns, self.episode_lengths
+        if len(ended):
             self.episode_count += len(ended)
-            self.return_queue.extend(self.episode_returns[ended])
-            self.length_queue.extend(self.episode_lengths[ended])
+            self.return_queue.extend(np.asarray(returns, dtype=np.float64)[ended])
+            self.length_queue.extend(np.asarray(lengths, dtype=np.int64)[ended])
+            self.last_ended = {int(i): float(returns[i]) for i in ended}
         return obs, rewards, terminateds, truncateds, info
 
 

@@ -1,0 +1,113 @@
+"""Atari throughput of lightning_rl against Stable-Baselines3 at identical settings, in one run.
+
+Both sides play the same ALE game with the same preprocessing (no-op starts, frame skip 4 with
+max-pooling, 84x84 grayscale, FIRE at reset, a lost life as episode end, clipped rewards, 4
+stacked frames; v5's sticky actions on both), on gymnasium's synchronous vector env (SB3:
+``make_atari_env`` + ``VecFrameStack``, a ``DummyVecEnv``), with the Nature CNN:
+
+* PPO: 8 envs x 128 steps, 4 epochs of 4 minibatches (256), lr 2.5e-4, clip 0.1, entropy
+  0.01, value coefficient 0.5, grad clip 0.5, one CNN shared by the policy and the value
+  function, the heads right on its 512 features (SB3's ``CnnPolicy``).
+* DQN: 1 env, Nature CNN with a 512-unit layer (SB3's ``CnnPolicy``), Adam 1e-4, batch 32, one
+  gradient step per 4 env steps, target copied every 1,000 steps, learning starts at 1,000;
+  plain DQN on both sides (no double Q, dueling or n-step), a 10k replay.
+
+Runs alternate (ours, SB3, ours, ...) so drifts in machine load hit both alike; steps/s is env
+steps over the wall time of ``fit`` / ``learn``. The last line is one JSON object.
+
+    python benchmarks/atari.py --algos ppo,dqn --seeds 2 --ppo-steps 8192 --dqn-steps 6000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+import warnings
+from typing import Any
+
+import numpy as np
+import pytorch_lightning as pl
+import torch
+
+GAME = "ALE/Breakout-v5"
+
+
+def quiet_trainer() -> pl.Trainer:
+    return pl.Trainer(max_epochs=-1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False)
+
+
+def ours(algo: str, seed: int, steps: int, game: str) -> float:
+    import lightning_rl as L
+
+    if algo == "ppo":
+        model = L.PPO(env=game, seed=seed, num_envs=8, rollout_fragment_length=128, num_sgd_iter=4,
+                      sgd_minibatch_size=256, lr=2.5e-4, clip_param=0.1, entropy_coeff=0.01, vf_loss_coeff=0.5,
+                      grad_clip=0.5, hiddens=(), vf_share_layers=True, encoder="nature_cnn", total_env_steps=steps,
+                      vectorization="sync", iterations_per_epoch=1000)
+    else:
+        model = L.DQN(env=game, seed=seed, num_envs=1, encoder="nature_cnn", hiddens=(512,), lr=1e-4,
+                      lr_schedule="constant", train_batch_size=32, train_freq=4, num_gradient_steps=1,
+                      target_network_update_freq=1000, learning_starts=1000, buffer_size=10_000, n_step=1,
+                      double_q=False, dueling=False, epsilon_timesteps=steps // 10, epsilon_end=0.01,
+                      total_env_steps=steps, vectorization="sync", iterations_per_epoch=100_000)
+    trainer = quiet_trainer()
+    start = time.perf_counter()
+    trainer.fit(model)
+    return model.counters["num_env_steps_sampled"] / (time.perf_counter() - start)
+
+
+def sb3(algo: str, seed: int, steps: int, game: str) -> float:
+    from stable_baselines3 import DQN, PPO
+    from stable_baselines3.common.env_util import make_atari_env
+    from stable_baselines3.common.vec_env import VecFrameStack
+
+    n_envs = 8 if algo == "ppo" else 1
+    env = VecFrameStack(make_atari_env(game, n_envs=n_envs, seed=seed, env_kwargs={"frameskip": 1}), 4)
+    if algo == "ppo":
+        model = PPO("CnnPolicy", env, n_steps=128, n_epochs=4, batch_size=256, learning_rate=2.5e-4, clip_range=0.1,
+                    ent_coef=0.01, vf_coef=0.5, max_grad_norm=0.5, seed=seed, device="cpu")
+    else:
+        model = DQN("CnnPolicy", env, learning_rate=1e-4, batch_size=32, train_freq=4, gradient_steps=1,
+                    target_update_interval=1000, learning_starts=1000, buffer_size=10_000,
+                    exploration_fraction=0.1, exploration_final_eps=0.01, seed=seed, device="cpu",
+                    optimize_memory_usage=False)
+    start = time.perf_counter()
+    model.learn(total_timesteps=steps)
+    return model.num_timesteps / (time.perf_counter() - start)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--algos", default="ppo,dqn")
+    parser.add_argument("--seeds", type=int, default=2)
+    parser.add_argument("--ppo-steps", type=int, default=8192)
+    parser.add_argument("--dqn-steps", type=int, default=6000)
+    parser.add_argument("--game", default=GAME)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore")
+    load_start = os.getloadavg()
+    print(f"torch {torch.__version__}, threads 1, cpus {os.cpu_count()}, load average at start {load_start}")
+    out: dict[str, Any] = {"game": args.game, "load_avg_start": load_start, "algos": {}}
+    for algo in args.algos.split(","):
+        steps = args.ppo_steps if algo == "ppo" else args.dqn_steps
+        rates: dict[str, list[float]] = {"ours": [], "sb3": []}
+        for seed in range(args.seeds):
+            for name, run in (("ours", ours), ("sb3", sb3)):
+                rates[name].append(run(algo, seed, steps, args.game))
+                print(f"[{algo} {name} seed {seed}] {steps} env steps: {rates[name][-1]:,.0f} steps/s", flush=True)
+        mean = {k: float(np.mean(v)) for k, v in rates.items()}
+        out["algos"][algo] = {"env_steps": steps, "steps_per_s": mean,
+                              "steps_per_s_std": {k: float(np.std(v)) for k, v in rates.items()},
+                              "ratio_ours_over_sb3": mean["ours"] / mean["sb3"]}
+        print(f"{algo}: ours {mean['ours']:,.0f} / SB3 {mean['sb3']:,.0f} steps/s = "
+              f"{mean['ours'] / mean['sb3']:.2f}x", flush=True)
+    out["load_avg_end"] = os.getloadavg()
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
