@@ -148,3 +148,20 @@ def test_record_plays_whole_atari_games_to_a_gif(tmp_path):
     assert len(returns) == 1 and returns[0] >= 0 and float(returns[0]).is_integer()  # one game, raw score
     with Image.open(tmp_path / "breakout.gif") as gif:
         assert gif.size == (160, 210) and gif.n_frames > 5  # the game's own screen, not the 84x84 input
+
+
+@requires_ale
+def test_resuming_an_atari_run_continues_with_fresh_games_and_says_so(tmp_path):
+    """ALE's emulator state is no plain data: a checkpoint keeps the counters, weights and
+    optimizer, and the resumed run restarts its games with a warning naming the env."""
+    from tests.conftest import quiet_trainer
+
+    kwargs = dict(env="ALE/Breakout-v5", seed=0, num_envs=2, rollout_fragment_length=32, sgd_minibatch_size=32,
+                  num_sgd_iter=1, hiddens=(), vf_share_layers=True, iterations_per_epoch=2)
+    trainer = quiet_trainer(max_epochs=1)
+    trainer.fit(PPO(**kwargs))
+    trainer.save_checkpoint(tmp_path / "half.ckpt")
+    resumed = PPO(**kwargs)
+    with pytest.warns(UserWarning, match=r"the checkpoint holds no env state of 'ALE/Breakout-v5'.*ALEInterface"):
+        quiet_trainer(max_epochs=2).fit(resumed, ckpt_path=tmp_path / "half.ckpt")
+    assert resumed.global_counters["num_env_steps_sampled"] == 256 and resumed.counters["num_iterations"] == 4
