@@ -100,6 +100,13 @@ def algorithm_registry() -> dict[str, type[Algorithm]]:
     return dict(_DEFINED)
 
 
+def multi_agent_algorithms() -> list[str]:
+    """The names of lightning_rl's algorithms whose ``supports_multi_agent`` is set, sorted."""
+    return sorted(path.rsplit(".", 1)[-1] for path, cls in algorithm_registry().items()
+                  if path.startswith("lightning_rl.algorithms.") and not path.endswith("Module")
+                  and cls.supports_multi_agent)
+
+
 def algorithm_names() -> list[str]:
     """The class names of the algorithms defined in this process (``A2C``, ..., ``SAC``, then any
     subclass a user's code defined), for help texts and errors."""

@@ -10,6 +10,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parents[1] / "lightning_rl"
 
 
@@ -134,11 +136,13 @@ def _third_party(path: Path) -> set[str]:
     return found - {"lightning_rl"}
 
 
-def test_the_sampling_engine_knows_no_lightning():
-    """``data/samplers/engine.py`` and every ``lightning_rl`` module it reaches import neither Lightning
-    nor an algorithm (the package ``__init__`` files Python runs first aside)."""
+@pytest.mark.parametrize("engine", ["lightning_rl.data.samplers.engine", "lightning_rl.data.samplers.multi_agent"])
+def test_the_sampling_engine_knows_no_lightning(engine):
+    """The sampling engines (``data/samplers/engine.py``, and ``multi_agent.py`` for PettingZoo) and
+    every ``lightning_rl`` module they reach import neither Lightning nor an algorithm (the package
+    ``__init__`` files Python runs first aside): sampler worker processes build no DataModule."""
     graph = import_graph()
-    reached, todo = set(), ["lightning_rl.data.samplers.engine"]
+    reached, todo = set(), [engine]
     while todo:
         module = todo.pop()
         if module not in reached:

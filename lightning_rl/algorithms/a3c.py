@@ -87,7 +87,7 @@ class A3C(ActorCriticSettings, SamplerWorkers, Algorithm):
     def learn_on_batch(self, batch: MultiAgentBatch, builder: LearnerInfoBuilder) -> int:
         policy_id = DEFAULT_POLICY_ID
         optimizer = self.policy_optimizer(policy_id)
-        lr = self.set_lr(self.current(self.lr_points, self.lr), optimizer)
+        lr = self.apply_lr(optimizer)
         params = list(self.policies[policy_id].parameters())
         packets = batch.policy_batches[policy_id][GRADS]
         for flat, worker, worker_stats in zip(packets, batch.info["workers"], batch.info["worker_stats"]):

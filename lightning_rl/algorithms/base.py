@@ -22,10 +22,10 @@ from torch import nn
 from lightning_rl.batch import MultiAgentBatch
 from lightning_rl.callbacks.trainer_wiring import TrainerWiring
 from lightning_rl.checkpoint import (
-    algorithm_registry,
     algorithm_state,
     check_not_placeholder,
     class_path,
+    multi_agent_algorithms,
     register_algorithm,
     restore_algorithm_state,
 )
@@ -54,13 +54,6 @@ from lightning_rl.settings import (
 from lightning_rl.update import LossFn, UpdateStep, check_updates
 
 
-def multi_agent_algorithms() -> list[str]:
-    """The names of lightning_rl's algorithms whose ``supports_multi_agent`` is set, sorted."""
-    return sorted(path.rsplit(".", 1)[-1] for path, cls in algorithm_registry().items()
-                  if path.startswith("lightning_rl.algorithms.") and not path.endswith("Module")
-                  and cls.supports_multi_agent)
-
-
 def _of_policies(name: str, doc: str) -> property:
     return property(lambda self: getattr(self.policies, name), doc=doc)
 
@@ -74,10 +67,6 @@ class Algorithm(ActionAPI, EvaluationHooks, pl.LightningModule):
     Settings every algorithm takes are declared here, with PPO's defaults; an algorithm
     declares only its own and takes the others as ``**settings`` (``settings.declare_settings``:
     its full signature is still what ``help``, editors and the CLI show).
-
-    Small MLPs run fastest on one torch thread (``num_cpu_threads=1``, as rl-zoo sets), and DDP
-    ranks on CPU that synchronize every minibatch stop waiting on each other when each is
-    pinned to its own cores (``cpu_affinity``).
     """
 
     def __init__(
@@ -258,8 +247,9 @@ class Algorithm(ActionAPI, EvaluationHooks, pl.LightningModule):
         optimizers = self.optimizers()
         return optimizers[self.policies_to_train.index(policy_id)] if isinstance(optimizers, list) else optimizers
 
-    @staticmethod
-    def set_lr(lr: float, *optimizers: torch.optim.Optimizer) -> float:
+    def apply_lr(self, *optimizers: torch.optim.Optimizer) -> float:
+        """Set this iteration's learning rate (``lr_schedule`` at the global steps) on ``optimizers``."""
+        lr = self.current(self.lr_points, self.lr)
         for optimizer in optimizers:
             for group in optimizer.param_groups:
                 group["lr"] = lr

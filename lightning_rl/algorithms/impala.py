@@ -178,7 +178,7 @@ class IMPALA(ActorCriticSettings, RecurrentSettings, SamplerWorkers, LearnerQueu
             if policy_batch is None:
                 continue
             optimizer = self.policy_optimizer(policy_id)
-            lr = self.set_lr(self.current(self.lr_points, self.lr), optimizer)
+            lr = self.apply_lr(optimizer)
             step = self.update_step(f"loss/{policy_id}", dict(self.policies[policy_id].named_parameters()),
                                     optimizer, policy_loss(self.loss, policy_id), self.grad_clip)
             policy_batch = policy_batch.to(self.device)

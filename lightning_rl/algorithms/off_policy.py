@@ -107,8 +107,7 @@ class OffPolicyModule(Algorithm):
             if not policy_ids:
                 return 0
         optimizers = self.optimizers()
-        lr = self.set_lr(self.current(self.lr_points, self.lr), *(optimizers if isinstance(optimizers, list)
-                                                                  else [optimizers]))
+        lr = self.apply_lr(*(optimizers if isinstance(optimizers, list) else [optimizers]))
         beta = self.current(self.beta_points, self.prioritized_replay_beta) if replay.prioritized_replay else None
         drawn = {} if replay.prioritized_replay else {
             # Uniform draws do not depend on the updates and the buffer does not change while the

@@ -281,7 +281,7 @@ class OnPolicyModule(ActorCriticSettings, RecurrentSettings, Algorithm):
         standardize(batch, self.standardize_fields, batch.get(SampleBatch.MASK) if self.max_seq_len else None,
                     sum_over_ranks if self.trainer.world_size > 1 else None, placeholder)
         optimizer = self.policy_optimizer(policy_id)
-        lr = self.set_lr(self.current(self.lr_points, self.lr), optimizer)
+        lr = self.apply_lr(optimizer)
         step = self.update_step(f"loss/{policy_id}", dict(self.policies[policy_id].named_parameters()), optimizer,
                                 policy_loss(self.loss, policy_id), self.grad_clip)
         scalars = self.loss_scalars(policy_id)

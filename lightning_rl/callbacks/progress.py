@@ -23,7 +23,8 @@ class EnvStepProgressBar(TQDMProgressBar):
     Lightning's own bar.
 
     ``Algorithm.configure_callbacks`` puts it in place of a plain ``TQDMProgressBar`` (Lightning's
-    default), with the same settings; any other progress bar is left alone.
+    default), with its refresh rate and position (``leave`` is not public: the default, False);
+    any other progress bar is left alone.
     """
 
     BAR_FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt} env steps [{elapsed}<{remaining}, {rate_noinv_fmt}{postfix}]"
@@ -36,8 +37,8 @@ class EnvStepProgressBar(TQDMProgressBar):
 
     @classmethod
     def like(cls, bar: TQDMProgressBar) -> EnvStepProgressBar:
-        """One with the settings of ``bar``."""
-        return cls(refresh_rate=bar.refresh_rate, process_position=bar.process_position, leave=bar._leave)
+        """One with the public settings of ``bar``."""
+        return cls(refresh_rate=bar.refresh_rate, process_position=bar.process_position)
 
     @staticmethod
     def env_steps(pl_module: pl.LightningModule) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import pytorch_lightning as pl
-from pytorch_lightning.callbacks import ModelSummary, TQDMProgressBar
+from pytorch_lightning.callbacks import TQDMProgressBar
 from pytorch_lightning.utilities import rank_zero_info
 
 from lightning_rl.callbacks.episodes import RolloutMetricsCallback
@@ -38,8 +38,8 @@ class TrainerWiring(pl.Callback):
 
         Also, on ``trainer``: checkpoints are read through ``CheckedCheckpointIO``, validation
         runs every ``evaluation_interval`` epochs, Lightning's default progress bar becomes
-        ``EnvStepProgressBar`` (the run's env steps, not the epoch's batches) and its default
-        model summary shows depth 2 (each policy's parameters)."""
+        ``EnvStepProgressBar`` (the run's env steps, not the epoch's batches). No private
+        Lightning attribute is read."""
         present = {type(cb) for cb in trainer.callbacks} if trainer is not None else set()
         added: list[pl.Callback] = [
             cb() for cb in (LearnerInfoCallback, RolloutMetricsCallback, LogCadence, TrainerWiring, FinalCheckpoint,
@@ -58,8 +58,6 @@ class TrainerWiring(pl.Callback):
         for i, cb in enumerate(trainer.callbacks):
             if type(cb) is TQDMProgressBar:
                 trainer.callbacks[i] = EnvStepProgressBar.like(cb)
-            elif type(cb) is ModelSummary and cb._max_depth == 1:  # Lightning's default
-                trainer.callbacks[i] = ModelSummary(max_depth=2)
         return added
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: Algorithm) -> None:

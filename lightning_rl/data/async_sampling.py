@@ -67,6 +67,7 @@ from lightning_rl.batch import (
 )
 from lightning_rl.data.base import EnvDataModule, policy_state, rank_seed
 from lightning_rl.data.envs import EnvSpec, describe_exit_code, make_vector_env, stop_processes
+from lightning_rl.data.multi_agent import MultiAgentEnvDataModule
 from lightning_rl.data.rollout import RolloutDataModule
 from lightning_rl.data.samplers.engine import EnvSampler, ExploringPolicy
 from lightning_rl.data.samplers.multi_agent import MultiAgentFragmentSampler, split_policy_columns
@@ -101,25 +102,12 @@ class MinibatchBuffer:
         return self.batches[i], new
 
 
-class _Policy:
-    """What the multi-agent fragment sampler needs of a module, in a worker: the policies'
-    exploring actions (``exploration``: the worker's own keyword arguments)."""
-
-    def __init__(self, policy: nn.Module, exploration: dict[str, Any] | None = None) -> None:
-        self.policy = policy
-        self.exploration = exploration or {}
-
-    def check_spaces(self, observation_space: Any, action_space: Any) -> None:
-        pass
-
-    def _policy(self, policy_id: str) -> nn.Module:
-        return self.policy[policy_id] if isinstance(self.policy, nn.ModuleDict) else self.policy  # multi-agent
-
-    def policy_outputs(self, obs: torch.Tensor, policy_id: str, explore: bool = True,
-                       generator: torch.Generator | None = None, device: Any = None,
-                       inputs: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
-        kwargs = {**(self.exploration if explore else {}), **(inputs or {})}
-        return self._policy(policy_id).compute_actions(obs, explore=explore, generator=generator, **kwargs)
+def _acting(policy: nn.Module, exploration: dict[str, Any]) -> ExploringPolicy | dict[str, ExploringPolicy]:
+    """A worker's acting policy: one ``ExploringPolicy``, or one per policy id (multi-agent: ``policy``
+    is the ``Policies`` dict)."""
+    if isinstance(policy, nn.ModuleDict):
+        return {pid: ExploringPolicy(p, exploration) for pid, p in policy.items()}
+    return ExploringPolicy(policy, exploration)
 
 
 class FragmentTask:
@@ -134,8 +122,8 @@ class FragmentTask:
 
     def columns(self, policy: nn.Module, sampler: RolloutDataModule) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         """Shapes and dtypes of a slot's tensors (learner side, before the workers start)."""
-        if isinstance(sampler, MultiAgentFragmentSampler):
-            return sampler.fragment_columns()
+        if isinstance(sampler.sampler, MultiAgentFragmentSampler):
+            return sampler.sampler.fragment_columns(_acting(policy, self.exploration()))
         return _fragment_columns(policy, sampler)
 
     def make(self, policy: nn.Module, rollout: dict[str, torch.Tensor], valid: torch.Tensor,
@@ -205,13 +193,13 @@ def _fragment_columns(policy: nn.Module, dm: RolloutDataModule) -> dict[str, tup
     return cols
 
 
-def _sample_fragment(sampler: Any, task: FragmentTask, policy: nn.Module | None, acting: ExploringPolicy | None,
+def _sample_fragment(sampler: Any, task: FragmentTask, policy: nn.Module | None, acting: Any,
                      length: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """One fragment of ``length`` steps (``EnvSampler.fragment``, acted by ``acting``), made into a
     slot's tensors by ``task`` (multi-agent, a ``MultiAgentFragmentSampler``: every policy's
     columns, ``{"<policy>/<column>": tensor}``, and the agent steps in them)."""
-    if isinstance(sampler, MultiAgentFragmentSampler):
-        tensors, agent_steps = sampler.fragment()
+    if isinstance(sampler, MultiAgentFragmentSampler):  # ``acting``: every policy's
+        tensors, agent_steps = sampler.fragment(acting)
         return tensors, {"agent_steps": agent_steps}
     fragment = sampler.fragment(acting, length)
     valid, bootstrap_obs = fragment.pop(VALID), fragment.pop(BOOTSTRAP_OBS)
@@ -237,12 +225,7 @@ def _worker_main(
     sampler = None
     try:
         sampler = make_sampler(seed)
-        acting = None
-        if isinstance(sampler, MultiAgentFragmentSampler):
-            sampler.connect(_Policy(policy, task.exploration()))  # type: ignore[arg-type]
-            sampler.setup("fit")
-        else:
-            acting = ExploringPolicy(policy, task.exploration())
+        acting = _acting(policy, task.exploration())
         version = -1
         while not stop.is_set() and os.getppid() == parent_pid:
             if not free.poll(_POLL_S * 4):
@@ -261,10 +244,7 @@ def _worker_main(
         except OSError:
             pass
     finally:
-        if isinstance(sampler, MultiAgentFragmentSampler):
-            for env in sampler.par_envs:
-                env.close()
-        elif sampler is not None:
+        if sampler is not None:
             sampler.close(terminate=True)
 
 
@@ -371,10 +351,12 @@ class AsyncSamplingDataModule(EnvDataModule):
         """The learner process's own envs with ``num_workers=0`` (the workers' live elsewhere)."""
         return self._local.envs if self._local is not None and self.num_workers == 0 else None
 
-    def _sampler(self, seed: int | None) -> RolloutDataModule | MultiAgentFragmentSampler:
+    def _sampler(self, seed: int | None) -> RolloutDataModule | MultiAgentEnvDataModule:
         """The learner process's own sampler (``num_workers=0``, and the probe of the columns)."""
         if self.multi_agent:
-            return self._sampler_factory()(seed)
+            engine = MultiAgentFragmentSampler(self.env, self.policy_mapping_fn, self.policy_agents, self.policy_spaces,
+                                               self.num_envs, self.rollout_fragment_length, seed)
+            return MultiAgentEnvDataModule(self.env, self.policy_mapping_fn, self.num_envs, seed, 1, "cpu", engine)
         return RolloutDataModule(self.env, self.num_envs, self.rollout_fragment_length, self.vectorization, seed, 1,
                                  "cpu", self.check_finite)
 
@@ -382,7 +364,7 @@ class AsyncSamplingDataModule(EnvDataModule):
         """What makes a worker's sampler from a seed (picklable: the spawn start method): the
         sampling engine, or for a PettingZoo env the multi-agent fragment sampler."""
         if self.multi_agent:
-            return functools.partial(MultiAgentFragmentSampler, self.env, self.policy_mapping_fn, self.policy_agents,
+            return functools.partial(_open_multi_agent_sampler, self.env, self.policy_mapping_fn, self.policy_agents,
                                      self.policy_spaces, self.num_envs, self.rollout_fragment_length)
         return functools.partial(_open_sampler, self.env, self.num_envs, self.vectorization, self.check_finite)
 
@@ -529,11 +511,13 @@ class AsyncSamplingDataModule(EnvDataModule):
         assert self._local is not None and self.module is not None
         start = time.perf_counter()
         version = int(self.module.counters["num_iterations"])
-        policy = acting = None
-        if not self.multi_agent:
+        policy = None
+        if self.multi_agent:
+            acting = self._local.acting_policies()
+        else:
             policy = self.module.sampling_policy(self.policy_id, torch.device("cpu"))
             acting = ExploringPolicy(policy, self.module.exploration_kwargs(self.policy_id))
-        sampler = self._local if self.multi_agent else self._local.sampler
+        sampler = self._local.sampler
         fragments = []
         for _ in range(self.fragments_per_batch):
             tensors, extra = _sample_fragment(sampler, self.task(0), policy, acting, self.rollout_fragment_length)
@@ -737,6 +721,17 @@ def _open_sampler(env: EnvSpec, num_envs: int, vectorization: str, check_finite:
                   seed: int | None) -> EnvSampler:
     """A worker's sampling engine, its envs reset (env ``j`` seeded ``seed + j``)."""
     sampler = EnvSampler(env, num_envs, vectorization, seed, "cpu", check_finite)
+    sampler.open()
+    sampler.reset(seed)
+    return sampler
+
+
+def _open_multi_agent_sampler(env: Any, policy_mapping_fn: Callable[[str], str], policy_agents: dict[str, list[str]],
+                              policy_spaces: dict[str, tuple[Any, Any]], num_envs: int, rollout_fragment_length: int,
+                              seed: int | None) -> MultiAgentFragmentSampler:
+    """A worker's multi-agent sampling engine, its envs reset (env ``i`` seeded ``seed + i``)."""
+    sampler = MultiAgentFragmentSampler(env, policy_mapping_fn, policy_agents, policy_spaces, num_envs,
+                                        rollout_fragment_length, seed)
     sampler.open()
     sampler.reset(seed)
     return sampler

@@ -1,5 +1,5 @@
 """EnvDataModule: the Lightning adapter of a sampler (the module door, per-rank checkpoint state,
-the dataset of iterations); the envs themselves are the sampling engine's (``sampler.py``)."""
+the dataset of iterations); the envs themselves are the sampling engine's (``samplers/engine.py``)."""
 
 from __future__ import annotations
 
@@ -119,9 +119,13 @@ class EnvDataModule(pl.LightningDataModule):
         if self.trainer is not None and self.trainer.world_size > 1:
             self.sampler.where = f" on rank {self.rank}"
         self.sampler.open()
-        self.module.check_spaces(self.envs.single_observation_space, self.envs.single_action_space)
+        self.check_spaces()
         self.sampler.reset(rank_seed(self.seed, self.rank))
         self.on_envs_ready()
+
+    def check_spaces(self) -> None:
+        """Raise if the envs do not match the spaces the module's policies were built for."""
+        self.module.check_spaces(self.envs.single_observation_space, self.envs.single_action_space)
 
     def on_envs_ready(self) -> None:
         """Subclass hook: envs are built and reset (allocate buffers here)."""

@@ -15,6 +15,7 @@ from lightning_rl.batch import MultiAgentBatch, SampleBatch
 from lightning_rl.data.base import rank_seed
 from lightning_rl.data.buffers.replay_buffer import NStepWindows, TransitionReplayBuffer, check_replay_settings
 from lightning_rl.data.multi_agent import MultiAgentEnvDataModule
+from lightning_rl.data.samplers.engine import ExploringPolicy
 
 __all__ = ["MultiAgentReplayDataModule"]
 
@@ -84,12 +85,13 @@ class MultiAgentReplayDataModule(MultiAgentEnvDataModule):
         return window
 
     # ------------------------------------------------------------ stepping
-    def act(self, policy_id: str, obs: torch.Tensor) -> dict[str, torch.Tensor]:
-        if self.env_steps < self.learning_starts:  # uniform random actions (epsilon 1) while the buffer fills
-            policy = self.module.sampling_policy(policy_id, self.sampling_device)
-            return policy.compute_actions(obs.to(self.sampling_device), explore=True, generator=self.generator,
-                                          epsilon=1.0)
-        return super().act(policy_id, obs)
+    def acting_policies(self) -> dict[str, ExploringPolicy]:
+        if self.env_steps >= self.learning_starts:
+            return super().acting_policies()
+        # uniform random actions (epsilon 1) while the buffer fills
+        device = self.sampling_device
+        return {pid: ExploringPolicy(self.module.sampling_policy(pid, device), {"epsilon": 1.0}, device)
+                for pid in self.module.policies}
 
     def record(self, i: int, agent: str, policy_id: str, row: dict[str, Any], next_obs: Any) -> None:
         window = self._window(i, agent, policy_id)
@@ -107,21 +109,22 @@ class MultiAgentReplayDataModule(MultiAgentEnvDataModule):
     def open_agents(self, i: int) -> list[str]:
         return sorted(agent for (j, agent) in self._open if j == i)
 
-    def drop(self, i: int, agent: str, policy_id: str) -> None:
+    def drop(self, i: int, agent: str, policy_id: str, last_obs: Any) -> None:
         window = self._window(i, agent, policy_id)
-        window.add(np.asarray(self._obs[i][agent])[None], np.zeros_like(window._actions[0]), [0.0], [False], [False],
+        window.add(np.asarray(last_obs)[None], np.zeros_like(window._actions[0]), [0.0], [False], [False],
                    [True])
         window.end_episodes()  # that row becomes the reset row; the step before it, truncated
         self._open.discard((i, agent))
 
     def sample(self) -> MultiAgentBatch:
         """Step every env ``train_freq`` times; completed transitions go into their policy's replay."""
-        assert self.module is not None and self.par_envs, "call setup() first"
+        assert self.module is not None and self.envs is not None, "call setup() first"
         start = time.perf_counter()
         env_steps = agent_steps = 0
+        policies = self.acting_policies()
         with torch.inference_mode():
             for _ in range(self.train_freq):
-                stepped, acted = self.step_all()
+                stepped, acted = self.sampler.step(policies, self)
                 env_steps += stepped
                 agent_steps += acted
         self.env_steps += env_steps
