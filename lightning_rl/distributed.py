@@ -114,7 +114,11 @@ class FlatGradients:
     def _attach(self) -> None:
         offset = 0
         for p in self.params:
-            p.grad = self.flat[offset : offset + p.numel()].view_as(p)
+            part = self.flat[offset : offset + p.numel()]
+            # in the parameter's own memory layout (a CNN's channels-last weights), as backward
+            # lays out the gradients it accumulates into them
+            dense = p.is_contiguous() or (p.dim() == 4 and p.is_contiguous(memory_format=torch.channels_last))
+            p.grad = part.as_strided(p.shape, p.stride()) if dense else part.view_as(p)
             offset += p.numel()
 
     def zero(self) -> None:

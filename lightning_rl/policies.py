@@ -18,13 +18,13 @@ from torch import Tensor, nn
 
 from lightning_rl.batch import DEFAULT_POLICY_ID, EPISODE_STARTS, PREV_ACTIONS, PREV_REWARDS, STATE_IN, STATE_OUT
 from lightning_rl.data.envs import EnvSpec, env_spaces
+from lightning_rl.data.envs.pettingzoo import agent_spaces, policy_spaces
 from lightning_rl.data.envs.spaces import (
     flatten_observation,
     flatten_observation_space,
     is_raw_observation,
     is_structured,
 )
-from lightning_rl.data.multi_agent import agent_spaces, policy_spaces
 from lightning_rl.data.samplers.engine import policy_state
 
 # agent id -> policy id: any callable, or a table (plain data, so checkpoints and YAML hold it)

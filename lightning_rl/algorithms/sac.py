@@ -28,6 +28,8 @@ class SAC(OffPolicyModule):
 
     then target critics move toward the critics by Polyak averaging with ``tau``. Each
     optimizer steps (and, under DDP, averages over ranks) only its own parameters' gradients.
+    Image observations (``encoder`` unset): the actor and each critic read them through a CNN
+    of their own (``nn/cnn.py``), the replay keeps them in their dtype.
 
     Args:
         env: gymnasium id (``"module:Id"`` imports ``module`` first) or a callable returning a ``gymnasium.Env``.
@@ -45,9 +47,8 @@ class SAC(OffPolicyModule):
         hiddens=(256, 256), activation="relu", buffer_size=1_000_000, learning_starts=100, train_freq=1,
         num_gradient_steps=1, train_batch_size=256, n_step=1, tau=0.005, target_network_update_freq=0,
     )
-    # single-agent, MLP networks
-    fixed_settings: ClassVar[dict[str, Any]] = dict(policies=None, policy_mapping_fn=None, policies_to_train=None,
-                                                    encoder=None)
+    # single-agent
+    fixed_settings: ClassVar[dict[str, Any]] = dict(policies=None, policy_mapping_fn=None, policies_to_train=None)
 
     def __init__(self, *, initial_alpha: float = 1.0, target_entropy: float | str = "auto", **settings: Any) -> None:
         super().__init__(**settings)
@@ -58,11 +59,11 @@ class SAC(OffPolicyModule):
             if self.seed is not None:
                 torch.manual_seed(self.seed)
             self.policies[DEFAULT_POLICY_ID] = SquashedGaussianActor(
-                self.observation_space, self.action_space, self.hiddens, self.activation
+                self.observation_space, self.action_space, self.hiddens, self.activation, self.encoder
             )
             action_dim = int(self.action_space.shape[0])
             self.critics = nn.ModuleDict({DEFAULT_POLICY_ID: TwinQ(self.observation_space, action_dim, self.hiddens,
-                                                                   self.activation)})
+                                                                   self.activation, self.encoder)})
         self.target_critics = copy.deepcopy(self.critics).requires_grad_(False)
         self.log_alpha = nn.ParameterDict(
             {DEFAULT_POLICY_ID: nn.Parameter(torch.tensor(float(initial_alpha)).log())}

@@ -8,6 +8,11 @@ gymnasium renders and ALE returns) unless the first axis is the smaller (CHW, as
 channels-first frame stack ``(4, 84, 84)``). A 2-dim ``Box`` of that kind is one grayscale
 channel (HW). Observations stay in their dtype through sampling, rollouts, worker slots and
 replay; the encoders make them float on the learner's device, ``uint8`` scaled to ``[0, 1]``.
+
+A ``Dict``/``Tuple`` observation with image entries (flattened at the env boundary into a
+``FlatBox`` that keeps its structure, ``data/envs/spaces.py``) gets ``MultiInputEncoder``: a CNN
+per image entry and the other entries as they are, side by side (Stable-Baselines3's
+``MultiInputPolicy``); the MLP of ``hiddens`` follows.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from torch import Tensor, nn
 
 from lightning_rl.nn.init import orthogonal_
 
-__all__ = ["ImpalaCNN", "NatureCNN", "default_image_encoder", "image_layout", "image_shape"]
+__all__ = ["ImpalaCNN", "MultiInputEncoder", "NatureCNN", "default_image_encoder", "image_layout", "image_shape"]
 
 
 def image_layout(space: gym.Space) -> str | None:
@@ -83,12 +88,19 @@ def _conv_init(module: nn.Module) -> None:
 
 def default_image_encoder(space: gym.Space) -> str | None:
     """The encoder an image observation space gets when none is given: ``nature_cnn``, or
-    ``impala_cnn`` for images smaller than Nature's network takes (36x36); ``None`` for a
-    space that is not an image."""
+    ``impala_cnn`` for images smaller than Nature's network takes (36x36); ``multi_input`` for
+    a flattened ``Dict``/``Tuple`` with image entries; ``None`` otherwise."""
+    if _image_entries(space):
+        return "multi_input"
     if image_layout(space) is None:
         return None
     _, height, width = image_shape(space)
     return "nature_cnn" if min(height, width) >= 36 else "impala_cnn"
+
+
+def _image_entries(space: gym.Space) -> list[tuple[str, gym.Space, tuple[int, int]]]:
+    """The image entries of a flattened ``Dict``/``Tuple`` (``FlatBox``): ``(path, space, columns)``."""
+    return [entry for entry in getattr(space, "entries", ()) if image_layout(entry[1]) is not None]
 
 
 class ConvEncoder(nn.Module):
@@ -157,3 +169,42 @@ class ImpalaCNN(ConvEncoder):
                        _Residual(out), _Residual(out)]
             in_channels = out
         self.finish(nn.Sequential(*layers, nn.ReLU(), nn.Flatten()), features)
+
+
+_CNNS: dict[str, type[ConvEncoder]] = {"nature_cnn": NatureCNN, "impala_cnn": ImpalaCNN}
+
+
+class MultiInputEncoder(nn.Module):
+    """A CNN per image entry of a flattened ``Dict``/``Tuple`` observation (``cnn``:
+    ``"nature_cnn"`` or ``"impala_cnn"``, or ``None`` for each image's default), the other
+    entries' encoded columns as they are; outputs ``[N, sum of CNN features + other columns]``.
+
+    Reads ``[N, D]`` rows of the encoding (``data/envs/spaces.py``): each image's columns are
+    cut out and reshaped to its own space, so a ``uint8`` image is scaled to ``[0, 1]`` inside
+    its CNN whatever dtype the encoding has."""
+
+    def __init__(self, observation_space: gym.Space, cnn: str | None = None) -> None:
+        super().__init__()
+        if not _image_entries(observation_space):
+            raise ValueError(f"multi_input takes a flattened Dict or Tuple observation with image entries, got "
+                             f"{observation_space}")
+        self.cnns = nn.ModuleDict()
+        self.image_columns: list[slice] = []
+        rest: list[int] = []
+        for i, (_, space, (start, end)) in enumerate(observation_space.entries):
+            if image_layout(space) is None:
+                rest += range(start, end)
+                continue
+            name = cnn or default_image_encoder(space)
+            if name not in _CNNS:
+                raise ValueError(f"multi_input: cnn must be one of {sorted(_CNNS)} or None, got {name!r}")
+            self.cnns[str(i)] = _CNNS[name](space)
+            self.image_columns.append(slice(start, end))
+        self.register_buffer("rest", torch.tensor(rest, dtype=torch.long), persistent=False)
+        self.out_features = sum(c.out_features for c in self.cnns.values()) + len(rest)
+
+    def forward(self, obs: Tensor) -> Tensor:
+        parts = [cnn(obs[:, columns]) for cnn, columns in zip(self.cnns.values(), self.image_columns)]
+        if len(self.rest):
+            parts.append(obs.index_select(1, self.rest).float())
+        return torch.cat(parts, dim=1)

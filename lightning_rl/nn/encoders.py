@@ -41,6 +41,7 @@ ACTIVATIONS: dict[str, type[nn.Module]] = {
 ENCODERS: dict[str, str] = {
     "nature_cnn": "lightning_rl.nn.cnn.NatureCNN",
     "impala_cnn": "lightning_rl.nn.cnn.ImpalaCNN",
+    "multi_input": "lightning_rl.nn.cnn.MultiInputEncoder",
 }
 
 # Plain data or a class in the annotation, so the CLI reads a YAML mapping as data (a Callable in

@@ -9,6 +9,7 @@ import gymnasium as gym
 import torch
 from torch import Tensor, nn
 
+from lightning_rl.nn.cnn import default_image_encoder
 from lightning_rl.nn.encoders import EncoderSpec
 from lightning_rl.nn.models import flat_obs_dim, mlp, preprocess_obs, trunk
 
@@ -71,15 +72,17 @@ class SquashedGaussianActor(nn.Module):
         action_space: gym.Space,
         hiddens: Sequence[int] = (256, 256),
         activation: str = "relu",
+        encoder: EncoderSpec = None,
     ) -> None:
         super().__init__()
         if not (isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1):
             raise ValueError(f"unsupported action space {action_space}: SAC needs 1-D Box actions")
         self.observation_space = observation_space
-        in_dim = flat_obs_dim(observation_space)
         dim = int(action_space.shape[0])
-        self.encoder = mlp(in_dim, hiddens, activation)
-        self.head = nn.Linear(hiddens[-1] if hiddens else in_dim, 2 * dim)
+        # ``encoder`` (a CNN by default for images) then the MLP
+        self.encoder, out_dim, _ = trunk(observation_space, flat_obs_dim(observation_space), hiddens, activation,
+                                         encoder)
+        self.head = nn.Linear(out_dim, 2 * dim)
         low, high = torch.as_tensor(action_space.low, dtype=torch.float32), torch.as_tensor(action_space.high)
         self.register_buffer("action_mid", (high.float() + low) / 2)
         self.register_buffer("action_half", (high.float() - low) / 2)
@@ -122,16 +125,27 @@ class TwinQ(nn.Module):
 
     def __init__(
         self, observation_space: gym.Space, action_dim: int, hiddens: Sequence[int] = (256, 256),
-        activation: str = "relu",
+        activation: str = "relu", encoder: EncoderSpec = None,
     ) -> None:
         super().__init__()
         self.observation_space = observation_space
-        in_dim = flat_obs_dim(observation_space) + action_dim
+        obs_dim = flat_obs_dim(observation_space)
+        if encoder is None:
+            encoder = default_image_encoder(observation_space)
+        self.encoders: nn.ModuleList | None = None
+        if encoder is not None:  # each critic reads the observation through an encoder of its own (a CNN for images)
+            built = [trunk(observation_space, obs_dim, [], activation, encoder) for _ in range(2)]
+            self.encoders, obs_dim = nn.ModuleList([layers for layers, _, _ in built]), built[0][1]
+        in_dim = obs_dim + action_dim
         out_dim = hiddens[-1] if hiddens else in_dim
         self.q1 = nn.Sequential(mlp(in_dim, hiddens, activation), nn.Linear(out_dim, 1))
         self.q2 = nn.Sequential(mlp(in_dim, hiddens, activation), nn.Linear(out_dim, 1))
 
     def forward(self, obs: Tensor, actions: Tensor) -> tuple[Tensor, Tensor]:
         """``[N, *obs_shape]``, ``[N, dim]`` actions in ``[-1, 1]`` -> two ``[N]`` Q-values."""
-        x = torch.cat([preprocess_obs(obs, self.observation_space), actions], dim=-1)
-        return self.q1(x).squeeze(-1), self.q2(x).squeeze(-1)
+        x = preprocess_obs(obs, self.observation_space)
+        if self.encoders is None:
+            x = torch.cat([x, actions], dim=-1)
+            return self.q1(x).squeeze(-1), self.q2(x).squeeze(-1)
+        x1, x2 = (torch.cat([encoder(x), actions], dim=-1) for encoder in self.encoders)
+        return self.q1(x1).squeeze(-1), self.q2(x2).squeeze(-1)

@@ -5,8 +5,11 @@ observation would touch all of them. So a ``Dict``/``Tuple`` observation space i
 once, where the envs are made, into a ``Box`` of float32: each sub-space in order (a Dict's
 keys in the Dict's order, as gymnasium's ``spaces.flatten``), a ``Box`` flattened, a
 ``Discrete`` one-hot, a ``MultiDiscrete`` one one-hot per component, a ``MultiBinary``
-flattened. Images are plain ``Box`` sub-spaces here: flattened, not scaled (no CNN yet).
-The values equal ``gymnasium.spaces.flatten``'s, in float32.
+flattened. The values equal ``gymnasium.spaces.flatten``'s, in float32 - or in uint8 when
+every leaf is a ``uint8`` ``Box`` and one of them is an image (camera frames stay bytes). The
+encoding's space (``FlatBox``) keeps the structure it encodes, so the network can cut the vector
+back into its entries: a CNN per image entry, the rest to the MLP (``nn/cnn.py``,
+``MultiInputEncoder``).
 """
 
 from __future__ import annotations
@@ -19,8 +22,10 @@ import numpy as np
 import torch
 
 from lightning_rl.batch import SampleBatch
+from lightning_rl.nn.cnn import image_layout
 
 __all__ = [
+    "FlatBox",
     "FlattenObservation",
     "FlattenVectorObservation",
     "flatten_env",
@@ -29,6 +34,7 @@ __all__ = [
     "flatten_vector_env",
     "is_raw_observation",
     "is_structured",
+    "leaf_slices",
     "valid_point",
 ]
 
@@ -85,9 +91,28 @@ def _leaves(space: gym.Space, root: gym.Space, keys: list[Any]) -> list[tuple[li
     return [(keys, space, _leaf_dim(space, root, keys))]
 
 
+class FlatBox(gym.spaces.Box):
+    """The 1-dim ``Box`` of a ``Dict``/``Tuple`` space's encoding (equal to a plain ``Box`` of
+    the same bounds and dtype). ``structure`` is the space it encodes, ``entries`` each leaf's
+    ``(path, space, (first column, end column))`` in the encoding."""
+
+    def __init__(self, low: np.ndarray, high: np.ndarray, dtype: Any, structure: gym.Space) -> None:
+        super().__init__(low, high, dtype=dtype)
+        self.structure = structure
+        self.entries = leaf_slices(structure)
+
+
+def _byte_images(space: gym.Space) -> bool:
+    """Every leaf a ``uint8`` ``Box`` and one of them an image: encoded as uint8."""
+    leaves = [leaf for _, leaf, _ in _leaves(space, space, [])]
+    return (all(isinstance(leaf, gym.spaces.Box) and leaf.dtype == np.uint8 for leaf in leaves)
+            and any(image_layout(leaf) is not None for leaf in leaves))
+
+
 def flatten_observation_space(space: gym.Space) -> gym.Space:
-    """A ``Dict``/``Tuple`` space -> the float32 ``Box`` of its encoding (any other space is
-    returned as it is). Raises ``ValueError`` naming the first sub-space that cannot be encoded."""
+    """A ``Dict``/``Tuple`` space -> the ``FlatBox`` of its encoding (float32, or uint8 for
+    byte images, see the module docstring; any other space is returned as it is). Raises
+    ``ValueError`` naming the first sub-space that cannot be encoded."""
     if not is_structured(space):
         return space
     lows, highs = [], []
@@ -100,11 +125,23 @@ def flatten_observation_space(space: gym.Space) -> gym.Space:
             highs.append(np.ones(dim, np.float32))
     if not lows:
         raise ValueError(f"observation space {space} has no sub-spaces to encode")
-    return gym.spaces.Box(np.concatenate(lows), np.concatenate(highs), dtype=np.float32)
+    dtype = np.uint8 if _byte_images(space) else np.float32
+    return FlatBox(np.concatenate(lows).astype(dtype), np.concatenate(highs).astype(dtype), dtype, space)
+
+
+def leaf_slices(space: gym.Space) -> list[tuple[str, gym.Space, tuple[int, int]]]:
+    """``(path, leaf space, (first column, end column))`` of each leaf of a ``Dict``/``Tuple``
+    space in its encoding (plain data: env state captures it)."""
+    out, start = [], 0
+    for keys, leaf, dim in _leaves(space, space, []):
+        out.append((_path(keys), leaf, (start, start + dim)))
+        start += dim
+    return out
 
 
 def _encode(x: np.ndarray, leaf: gym.Space, lead: tuple[int, ...], dim: int) -> np.ndarray:
-    """One leaf's values ``[*lead, *leaf.shape]`` -> ``[*lead, dim]`` float32."""
+    """One leaf's values ``[*lead, *leaf.shape]`` -> ``[*lead, dim]`` float32 (as they are for a
+    uint8 ``Box``: concatenated with other bytes they stay bytes)."""
     if isinstance(leaf, gym.spaces.Discrete):
         index = x.reshape(*lead, 1).astype(np.int64) - int(leaf.start)
         return (index == np.arange(dim)).astype(np.float32)
@@ -114,13 +151,14 @@ def _encode(x: np.ndarray, leaf: gym.Space, lead: tuple[int, ...], dim: int) -> 
         out = np.zeros((*lead, dim), np.float32)
         np.put_along_axis(out, index, 1.0, axis=-1)
         return out
-    return x.reshape(*lead, dim).astype(np.float32)
+    return x.reshape(*lead, dim) if x.dtype == np.uint8 else x.reshape(*lead, dim).astype(np.float32)
 
 
-def flatten_observation(obs: Any, space: gym.Space) -> np.ndarray:
+def flatten_observation(obs: Any, space: gym.Space, dtype: Any = None) -> np.ndarray:
     """One observation of the ``Dict``/``Tuple`` ``space`` -> ``[D]`` float32, or a batch (the
     same structure holding arrays with leading dims ``[*B]``, as vector envs return) ->
-    ``[*B, D]``; ``D`` is ``flatten_observation_space(space).shape[0]``."""
+    ``[*B, D]``; ``D`` is ``flatten_observation_space(space).shape[0]``, ``dtype`` its dtype
+    (found from ``space`` when not given)."""
     leaves = _leaves(space, space, [])
     parts, lead = [], None
     for keys, leaf, dim in leaves:
@@ -131,7 +169,9 @@ def flatten_observation(obs: Any, space: gym.Space) -> np.ndarray:
         if lead is None:  # the batch dims: what the first leaf has beyond its space's shape
             lead = x.shape[:x.ndim - len(leaf.shape)]
         parts.append(_encode(x, leaf, lead, dim))
-    return np.concatenate(parts, axis=-1)
+    if dtype is None:
+        dtype = np.uint8 if _byte_images(space) else np.float32
+    return np.concatenate(parts, axis=-1).astype(dtype, copy=False)
 
 
 class FlattenObservation(gym.ObservationWrapper):
@@ -144,7 +184,7 @@ class FlattenObservation(gym.ObservationWrapper):
         self.observation_space = flatten_observation_space(env.observation_space)
 
     def observation(self, observation: Any) -> np.ndarray:
-        return flatten_observation(observation, self.raw_observation_space)
+        return flatten_observation(observation, self.raw_observation_space, self.observation_space.dtype)
 
 
 class FlattenVectorObservation(gym.vector.VectorObservationWrapper):
@@ -157,7 +197,7 @@ class FlattenVectorObservation(gym.vector.VectorObservationWrapper):
         self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, env.num_envs)
 
     def observations(self, observations: Any) -> np.ndarray:
-        return flatten_observation(observations, self.raw_observation_space)
+        return flatten_observation(observations, self.raw_observation_space, self.single_observation_space.dtype)
 
 
 def flatten_env(env: gym.Env) -> gym.Env:
