@@ -2,8 +2,11 @@
 
 Both sides play the same ALE game with the same preprocessing (no-op starts, frame skip 4 with
 max-pooling, 84x84 grayscale, FIRE at reset, a lost life as episode end, clipped rewards, 4
-stacked frames; v5's sticky actions on both), on gymnasium's synchronous vector env (SB3:
-``make_atari_env`` + ``VecFrameStack``, a ``DummyVecEnv``), with the Nature CNN:
+stacked frames; v5's sticky actions on both), with the Nature CNN. SB3 steps gymnasium's envs
+in one process (``make_atari_env`` + ``VecFrameStack``, a ``DummyVecEnv``); lightning_rl runs
+once per ``--vectorizations`` entry: ``sync`` (gymnasium's ``SyncVectorEnv``, SB3's counterpart)
+and ``envpool`` (envpool's C++ envs and threads, ``pip install "lightning-rl[envpool]"``; its
+preprocessing switches mean the same, see lightning_rl/data/envs/envpool_env.py):
 
 * PPO: 8 envs x 128 steps, 4 epochs of 4 minibatches (256), lr 2.5e-4, clip 0.1, entropy
   0.01, value coefficient 0.5, grad clip 0.5, one CNN shared by the policy and the value
@@ -12,8 +15,11 @@ stacked frames; v5's sticky actions on both), on gymnasium's synchronous vector 
   gradient step per 4 env steps, target copied every 1,000 steps, learning starts at 1,000;
   plain DQN on both sides (no double Q, dueling or n-step), a 10k replay.
 
-Runs alternate (ours, SB3, ours, ...) so drifts in machine load hit both alike; steps/s is env
-steps over the wall time of ``fit`` / ``learn``. The last line is one JSON object.
+Runs alternate (each of ours, SB3, each of ours, ...) so drifts in machine load hit all alike;
+steps/s is env steps over the wall time of ``fit`` / ``learn``, and for ours the share of it
+spent sampling (env steps and the policy's forward passes; the rest is learning). Before the
+fits, the envs alone: 8 envs stepped with random actions on each backend (``--env-only-steps``),
+so the env's part of a step is seen apart from the networks'. The last line is one JSON object.
 
     python benchmarks/atari.py --algos ppo,dqn --seeds 2 --ppo-steps 8192 --dqn-steps 6000
 """
@@ -39,24 +45,60 @@ def quiet_trainer() -> pl.Trainer:
                       enable_model_summary=False)
 
 
-def ours(algo: str, seed: int, steps: int, game: str) -> float:
+def ours(algo: str, seed: int, steps: int, game: str, vectorization: str) -> tuple[float, float]:
+    """Env steps per second of ``fit``, and the share of its time spent sampling."""
     import lightning_rl as L
 
     if algo == "ppo":
         model = L.PPO(env=game, seed=seed, num_envs=8, rollout_fragment_length=128, num_sgd_iter=4,
                       sgd_minibatch_size=256, lr=2.5e-4, clip_param=0.1, entropy_coeff=0.01, vf_loss_coeff=0.5,
                       grad_clip=0.5, hiddens=(), vf_share_layers=True, encoder="nature_cnn", total_env_steps=steps,
-                      vectorization="sync", iterations_per_epoch=1000)
+                      vectorization=vectorization, iterations_per_epoch=1000)
     else:
         model = L.DQN(env=game, seed=seed, num_envs=1, encoder="nature_cnn", hiddens=(512,), lr=1e-4,
                       lr_schedule="constant", train_batch_size=32, train_freq=4, num_gradient_steps=1,
                       target_network_update_freq=1000, learning_starts=1000, buffer_size=10_000, n_step=1,
                       double_q=False, dueling=False, epsilon_timesteps=steps // 10, epsilon_end=0.01,
-                      total_env_steps=steps, vectorization="sync", iterations_per_epoch=100_000)
+                      total_env_steps=steps, vectorization=vectorization, iterations_per_epoch=100_000)
+    sampling = [0.0]
+    postprocess = model.postprocess
+
+    def timed(batch: Any) -> Any:  # every batch says how long sampling it took
+        sampling[0] += batch.info.get("sample_time_s", 0.0)
+        return postprocess(batch)
+
+    model.postprocess = timed
     trainer = quiet_trainer()
     start = time.perf_counter()
     trainer.fit(model)
-    return model.counters["num_env_steps_sampled"] / (time.perf_counter() - start)
+    wall = time.perf_counter() - start
+    return model.counters["num_env_steps_sampled"] / wall, sampling[0] / wall
+
+
+def env_only(backend: str, game: str, steps: int, seed: int = 0) -> float:
+    """Env steps per second of 8 envs under random actions, no network."""
+    if backend == "sb3":
+        from stable_baselines3.common.env_util import make_atari_env
+        from stable_baselines3.common.vec_env import VecFrameStack
+
+        envs = VecFrameStack(make_atari_env(game, n_envs=8, seed=seed, env_kwargs={"frameskip": 1}), 4)
+        envs.reset()
+        actions = np.random.default_rng(seed).integers(0, envs.action_space.n, (steps, 8))
+        start = time.perf_counter()
+        for a in actions:
+            envs.step(a)
+    else:
+        from lightning_rl.data.envs import make_vector_env
+
+        envs = make_vector_env(game, 8, backend)
+        envs.reset(seed=seed)
+        actions = np.random.default_rng(seed).integers(0, envs.single_action_space.n, (steps, 8))
+        start = time.perf_counter()
+        for a in actions:
+            envs.step(a)
+    rate = 8 * steps / (time.perf_counter() - start)
+    envs.close()
+    return rate
 
 
 def sb3(algo: str, seed: int, steps: int, game: str) -> float:
@@ -86,25 +128,46 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ppo-steps", type=int, default=8192)
     parser.add_argument("--dqn-steps", type=int, default=6000)
     parser.add_argument("--game", default=GAME)
+    parser.add_argument("--vectorizations", default="sync,envpool",
+                        help="comma-separated vector backends of ours: sync and/or envpool")
+    parser.add_argument("--env-only-steps", type=int, default=500,
+                        help="steps of the 8 envs alone per backend before the fits (0: skip)")
     args = parser.parse_args(argv)
+    backends = [v.strip() for v in args.vectorizations.split(",") if v.strip()]
+    if not backends or set(backends) - {"sync", "envpool"}:
+        parser.error(f"--vectorizations takes sync and/or envpool, got {args.vectorizations!r}")
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore")
     load_start = os.getloadavg()
     print(f"torch {torch.__version__}, threads 1, cpus {os.cpu_count()}, load average at start {load_start}")
-    out: dict[str, Any] = {"game": args.game, "load_avg_start": load_start, "algos": {}}
+    out: dict[str, Any] = {"game": args.game, "load_avg_start": load_start, "env_only_steps_per_s": {},
+                           "algos": {}}
+    if args.env_only_steps:
+        for backend in (*backends, "sb3"):
+            rate = env_only(backend, args.game, args.env_only_steps)
+            out["env_only_steps_per_s"][backend] = rate
+            print(f"[envs alone, 8 x {args.env_only_steps} random steps] {backend}: {rate:,.0f} steps/s", flush=True)
     for algo in args.algos.split(","):
         steps = args.ppo_steps if algo == "ppo" else args.dqn_steps
-        rates: dict[str, list[float]] = {"ours": [], "sb3": []}
+        names = [f"ours-{b}" for b in backends]
+        rates: dict[str, list[float]] = {name: [] for name in (*names, "sb3")}
+        sampling: dict[str, list[float]] = {name: [] for name in names}
         for seed in range(args.seeds):
-            for name, run in (("ours", ours), ("sb3", sb3)):
-                rates[name].append(run(algo, seed, steps, args.game))
-                print(f"[{algo} {name} seed {seed}] {steps} env steps: {rates[name][-1]:,.0f} steps/s", flush=True)
+            for backend in backends:
+                rate, share = ours(algo, seed, steps, args.game, backend)
+                rates[f"ours-{backend}"].append(rate)
+                sampling[f"ours-{backend}"].append(share)
+                print(f"[{algo} ours-{backend} seed {seed}] {steps} env steps: {rate:,.0f} steps/s, "
+                      f"{100 * share:.0f}% of the time sampling", flush=True)
+            rates["sb3"].append(sb3(algo, seed, steps, args.game))
+            print(f"[{algo} sb3 seed {seed}] {steps} env steps: {rates['sb3'][-1]:,.0f} steps/s", flush=True)
         mean = {k: float(np.mean(v)) for k, v in rates.items()}
         out["algos"][algo] = {"env_steps": steps, "steps_per_s": mean,
                               "steps_per_s_std": {k: float(np.std(v)) for k, v in rates.items()},
-                              "ratio_ours_over_sb3": mean["ours"] / mean["sb3"]}
-        print(f"{algo}: ours {mean['ours']:,.0f} / SB3 {mean['sb3']:,.0f} steps/s = "
-              f"{mean['ours'] / mean['sb3']:.2f}x", flush=True)
+                              "sampling_share": {k: float(np.mean(v)) for k, v in sampling.items()},
+                              "ratio_over_sb3": {k: mean[k] / mean["sb3"] for k in names}}
+        print(f"{algo}: " + ", ".join(f"{k} {mean[k]:,.0f}" for k in names) + f" / SB3 {mean['sb3']:,.0f} steps/s = "
+              + ", ".join(f"{mean[k] / mean['sb3']:.2f}x" for k in names), flush=True)
     out["load_avg_end"] = os.getloadavg()
     print(json.dumps(out))
 

@@ -233,7 +233,7 @@ class RLCLI(LightningCLI):
         if not isinstance(env, str):
             return
         try:
-            check_env(env, init_args.get("env_kwargs"))
+            check_env(env, init_args.get("env_kwargs"), init_args.get("vectorization") or "auto")
         except (ValueError, ImportError, TypeError) as err:
             self.parser.error(str(err))
 

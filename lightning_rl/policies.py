@@ -59,6 +59,7 @@ class Policies(nn.ModuleDict):
             ``None``.
         policy_mapping_fn: agent id → policy id, a callable or a ``{agent: policy}`` table.
         policies_to_train: the ids updated by ``fit``; all when ``None``.
+        vectorization: how the envs are built (``"envpool"``: the spaces are envpool's).
     """
 
     def __init__(
@@ -68,6 +69,7 @@ class Policies(nn.ModuleDict):
         policies: Sequence[str] | dict[str, dict[str, Any]] | None = None,
         policy_mapping_fn: PolicyMapping | None = None,
         policies_to_train: Sequence[str] | None = None,
+        vectorization: str = "auto",
     ) -> None:
         super().__init__()
         if isinstance(policy_mapping_fn, dict):  # plain data: a checkpoint keeps it and reloads it
@@ -86,7 +88,7 @@ class Policies(nn.ModuleDict):
             self.policy_spaces = policy_spaces(spaces, list(self.policy_config), self.policy_mapping_fn)
         else:
             self.policy_mapping_fn = None
-            raw_obs_space, action_space = env_spaces(env)
+            raw_obs_space, action_space = env_spaces(env, vectorization)
             # Dict/Tuple observations arrive flattened (make_vector_env); compute_actions flattens raw ones
             self.raw_observation_space = raw_obs_space
             spaces = {"agent_0": (flatten_observation_space(raw_obs_space), action_space)}

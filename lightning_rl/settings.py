@@ -77,7 +77,8 @@ SETTINGS: dict[str, str] = {
     "total_env_steps": "stop ``fit`` once this many env steps were sampled (over DDP ranks); ``None``: Trainer limits.",
     "iterations_per_epoch": "training iterations per Lightning epoch: the cadence of checkpoints and validation.",
     "seed": "seeds network init, sampling, shuffling and envs (``seed + 1000 * rank``); ``None``: random.",
-    "vectorization": "``auto`` (the env's own vector env, if any), ``sync``, ``async`` or ``vector_entry_point``.",
+    "vectorization": "``auto`` (the env's own vector env, if any), ``sync``, ``async``, ``vector_entry_point`` "
+                     "or ``envpool`` (envpool's C++ envs for the ids it provides: ALE, classic control, MuJoCo).",
     "sampling_device": "device the policy acts on while sampling (the CPU beats a GPU round trip for small MLPs).",
     "num_cpu_threads": "torch intra-op threads during ``fit`` (restored after; one is fastest for small MLPs, as "
                        "rl-zoo sets); ``None`` leaves torch's setting alone.",

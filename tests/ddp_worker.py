@@ -9,7 +9,8 @@ MODE ``check``: a few iterations of PPO CartPole (with an adaptive KL coefficien
 ``sac``, ``a2c``, ``impala``, ``appo``, ``apex``: the other algorithms (the async ones with a
 sampler worker per rank); ``resume-ALGO-PHASE`` (ALGO ``ppo``/``dqn``/``apex``, PHASE
 ``full``: 8192 global env steps, ``first``: the first 4096 then a checkpoint in OUT_DIR,
-``second``: resume from that checkpoint to 8192).
+``second``: resume from that checkpoint to 8192); ``envpool``: PPO CartPole on envpool's envs
+(``vectorization="envpool"``), each rank its own pool.
 """
 
 from __future__ import annotations
@@ -175,6 +176,9 @@ def main(out: Path, mode: str) -> None:
     elif mode == "spaces":  # Dict observations (flattened at the envs), MultiDiscrete actions with a start
         model = PPO(env=CueMatch, num_envs=2, rollout_fragment_length=16, sgd_minibatch_size=16, num_sgd_iter=2,
                     hiddens=(16,), total_env_steps=2 * 32 * 3, vectorization="sync", **common)
+    elif mode == "envpool":  # each rank builds its own envpool, seeded seed + 1000 * rank
+        model = PPO(env="CartPole-v1", vectorization="envpool", num_envs=2, rollout_fragment_length=16,
+                    sgd_minibatch_size=16, num_sgd_iter=2, hiddens=(16,), total_env_steps=2 * 32 * 3, **common)
     elif mode == "uneven":
         model = PPO(env=RankEnv, env_kwargs={"step_size": 0.2, "reward": 2.0},
                     num_envs=2, rollout_fragment_length=8, sgd_minibatch_size=8,

@@ -159,6 +159,22 @@ def test_image_observations_and_a_cnn_under_ddp(tmp_path):
     assert {v for frame in r0["first_obs"] for row in frame for col in row for v in col} <= {0, 255}  # uint8 frames
 
 
+def test_envpool_envs_under_ddp_each_rank_its_own_pool_seeded_seed_plus_1000_rank(tmp_path):
+    """PPO CartPole with vectorization="envpool": both ranks take the same steps and end with
+    identical weights; rank r's first observation is that of envpool's env 0 seeded 1000 * r."""
+    pytest.importorskip("envpool")
+    from lightning_rl.data.envs import make_vector_env
+
+    r0, r1, _ = run_ddp(tmp_path, "envpool", timeout=300)
+    assert r0["params"] == r1["params"]
+    assert r0["counters"]["num_grad_updates"] == r1["counters"]["num_grad_updates"] == 3 * 2 * 2
+    for rank, r in enumerate((r0, r1)):
+        venv = make_vector_env("CartPole-v1", 2, "envpool")
+        obs, _ = venv.reset(seed=1000 * rank)
+        venv.close()
+        np.testing.assert_allclose(r["first_obs"][0], obs[0], rtol=0, atol=1e-7)
+
+
 @pytest.mark.parametrize("mode", ["multi_agent", "multi_agent_dqn", "multi_agent_impala"])
 def test_multi_agent_policy_with_rows_on_one_rank_only(tmp_path, mode):
     """RankRelay: the helper agent (policy p_helper) acts only in rank 0's envs. Rank 1 steps on

@@ -100,7 +100,7 @@ class Algorithm(ActionAPI, EvaluationHooks, pl.LightningModule):
         self.automatic_optimization = False
         check_not_placeholder("env", env)
         check_not_placeholder("policy_mapping_fn", policy_mapping_fn)
-        env = env_spec(env, env_kwargs)  # one picklable spec from here on; hparams keep env and env_kwargs
+        env = env_spec(env, env_kwargs, vectorization)  # one picklable spec from here on; hparams keep env, env_kwargs
         if total_env_steps is not None and total_env_steps < 1:
             raise ValueError(f"total_env_steps must be >= 1 or None, got {total_env_steps}")
         check_positive(evaluation_interval=evaluation_interval, evaluation_num_episodes=evaluation_num_episodes,
@@ -119,7 +119,7 @@ class Algorithm(ActionAPI, EvaluationHooks, pl.LightningModule):
         if self.multi_agent and not self.supports_multi_agent:
             raise ValueError(f"{type(self).__name__} does not take multi-agent (PettingZoo) envs; "
                              f"{', '.join(multi_agent_algorithms())} do")
-        self.policies = Policies(env, self.multi_agent, policies, policy_mapping_fn, policies_to_train)
+        self.policies = Policies(env, self.multi_agent, policies, policy_mapping_fn, policies_to_train, vectorization)
         self.counters = new_counters()
         self.global_counters: dict[str, int] = dict(self.counters)
         self.shuffle_generator = new_generator(seed)

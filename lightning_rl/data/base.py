@@ -53,8 +53,8 @@ class EnvDataModule(pl.LightningDataModule):
             (``GymMake(id, kwargs)`` for an id with keyword arguments).
         num_envs: envs stepped in parallel (per process under DDP).
         vectorization: ``"auto"`` (the env's own batched version where it registers one,
-            else ``"sync"``), ``"sync"``, ``"async"`` (one process per env) or
-            ``"vector_entry_point"``.
+            else ``"sync"``), ``"sync"``, ``"async"`` (one process per env),
+            ``"vector_entry_point"`` or ``"envpool"`` (data/envs/envpool_env.py).
         seed: env, action-sampling and replay seed (``seed + 1000 * rank`` under DDP);
             ``None`` for random.
         iterations_per_epoch: training iterations in one Lightning epoch, the cadence of

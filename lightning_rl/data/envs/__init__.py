@@ -21,10 +21,11 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from lightning_rl.data.envs.atari import is_atari_id, make_atari, register_ale
+from lightning_rl.data.envs.envpool_env import envpool_task, make_envpool
 from lightning_rl.data.envs.spaces import flatten_vector_env
 
-Vectorization = Literal["auto", "sync", "async", "vector_entry_point"]
-VECTORIZATIONS = ("auto", "sync", "async", "vector_entry_point")
+Vectorization = Literal["auto", "sync", "async", "vector_entry_point", "envpool"]
+VECTORIZATIONS = ("auto", "sync", "async", "vector_entry_point", "envpool")
 
 
 class GymMake:
@@ -86,30 +87,34 @@ def _check_id(env_id: str) -> gym.envs.registration.EnvSpec:
         raise ValueError(f"unknown env id {env_id!r}{where}: {err}") from None
 
 
-def env_spec(env: EnvSpec, env_kwargs: dict[str, Any] | None = None) -> EnvSpec:
+def env_spec(env: EnvSpec, env_kwargs: dict[str, Any] | None = None, vectorization: str = "auto") -> EnvSpec:
     """One env spec from ``env`` and its keyword arguments: an id with kwargs becomes a
     ``GymMake``, a callable with kwargs a ``functools.partial``; without kwargs ``env`` is
     returned as it is. A string naming a factory by import path is resolved first (see
-    ``resolve_env``)."""
+    ``resolve_env``). With ``vectorization="envpool"`` the id is checked against envpool's
+    (``resolve_vectorization``), not gymnasium's registry."""
     env = resolve_env(env)
+    if vectorization == "envpool":
+        resolve_vectorization(env, vectorization)
     if env_kwargs is None:
         return env
     if not isinstance(env_kwargs, dict) or not all(isinstance(k, str) for k in env_kwargs):
         raise TypeError(f"env_kwargs must be a dict with string keys, got {env_kwargs!r}")
     if isinstance(env, str):
-        _check_id(env)
+        if vectorization != "envpool":
+            _check_id(env)
         return GymMake(env, env_kwargs)
     if callable(env):
         return partial(env, **env_kwargs)
     raise TypeError(f"env must be a registered env id or a callable returning a gymnasium.Env, got {env!r}")
 
 
-def check_env(env: EnvSpec, env_kwargs: dict[str, Any] | None = None) -> None:
+def check_env(env: EnvSpec, env_kwargs: dict[str, Any] | None = None, vectorization: str = "auto") -> None:
     """Raise ``ValueError``/``ImportError``/``TypeError`` naming the env if ``env`` cannot be
     resolved: an unknown id, a module that does not import. Makes no env."""
-    spec = env_spec(env, env_kwargs)
+    spec = env_spec(env, env_kwargs, vectorization)
     env_id = env_id_of(spec)
-    if env_id is not None:
+    if env_id is not None and vectorization != "envpool":
         _check_id(env_id)
 
 
@@ -149,8 +154,15 @@ def make_env(env: EnvSpec) -> gym.Env:
     raise TypeError(f"env must be a registered env id or a callable returning a gymnasium.Env, got {env!r}")
 
 
-def env_spaces(env: EnvSpec) -> tuple[gym.Space, gym.Space]:
-    """(observation_space, action_space) of one env, made and closed at once."""
+def env_spaces(env: EnvSpec, vectorization: str = "auto") -> tuple[gym.Space, gym.Space]:
+    """(observation_space, action_space) of one env, made and closed at once (with
+    ``vectorization="envpool"``, envpool's: read from its spec, no env is made)."""
+    if vectorization == "envpool":
+        venv = make_vector_env(env, 1, vectorization)
+        try:
+            return venv.single_observation_space, venv.single_action_space
+        finally:
+            venv.close()
     probe = make_env(env)
     try:
         return probe.observation_space, probe.action_space
@@ -159,10 +171,18 @@ def env_spaces(env: EnvSpec) -> tuple[gym.Space, gym.Space]:
 
 
 def resolve_vectorization(env: EnvSpec, vectorization: str) -> str:
-    """``"auto"`` picks the env's own batched implementation when it registers one, else ``"sync"``."""
+    """``"auto"`` picks the env's own batched implementation when it registers one, else
+    ``"sync"``; never ``"envpool"``, which is asked for by name and takes the ids envpool
+    provides (``envpool_env.envpool_task``)."""
     if vectorization not in VECTORIZATIONS:
         raise ValueError(f"vectorization must be one of {VECTORIZATIONS}, got {vectorization!r}")
     env_id = env_id_of(env)
+    if vectorization == "envpool":
+        if env_id is None:
+            raise ValueError(f"vectorization='envpool' builds its envs from an env id (envpool's own), not from "
+                             f"{env!r}; use 'sync' or 'async' for env factories")
+        envpool_task(env_id)
+        return vectorization
     if vectorization != "auto":
         if vectorization == "vector_entry_point" and (env_id is None or _check_id(env_id).vector_entry_point is None):
             raise ValueError(f"env {env!r} registers no vector_entry_point")
@@ -174,7 +194,8 @@ def resolve_vectorization(env: EnvSpec, vectorization: str) -> str:
 
 
 def make_vector_env(env: EnvSpec, num_envs: int, vectorization: str = "auto") -> gym.vector.VectorEnv:
-    """``num_envs`` copies of ``env`` as one vector env with next-step autoreset.
+    """``num_envs`` copies of ``env`` as one vector env with next-step autoreset (gymnasium's
+    ``SyncVectorEnv`` or ``AsyncVectorEnv``, the env's own vector env, or envpool's).
 
     The vector env is wrapped in ``EpisodeStatistics`` so episode returns and lengths are
     those of the raw env, before any reward normalization.
@@ -183,9 +204,11 @@ def make_vector_env(env: EnvSpec, num_envs: int, vectorization: str = "auto") ->
         raise ValueError(f"num_envs must be >= 1, got {num_envs}")
     mode = resolve_vectorization(env, vectorization)
     env_id = env_id_of(env)
-    if env_id is not None:
+    if env_id is not None and mode != "envpool":
         _check_id(env_id)  # imports the module of a "module:Id-v0" id
-    if mode == "vector_entry_point":
+    if mode == "envpool":  # envpool's C++ envs (data/envs/envpool_env.py)
+        venv = make_envpool(env_id, env.kwargs if isinstance(env, GymMake) else None, num_envs)
+    elif mode == "vector_entry_point":
         kwargs = env.kwargs if isinstance(env, GymMake) else {}
         venv = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="vector_entry_point", **kwargs)
     else:

@@ -15,7 +15,8 @@ Functions, classes and modules are skipped: the fresh env has its own.
 
 Limits: only state held in Python objects is seen. Objects whose state lives elsewhere (C
 structs such as MuJoCo or Box2D worlds, locks, files, sockets, other processes such as
-``AsyncVectorEnv``'s workers) raise ``UnsupportedEnvState`` naming the attribute, so the caller
+``AsyncVectorEnv``'s workers; a class whose ``env_state_unsupported`` says why, such as
+envpool's adapter) raise ``UnsupportedEnvState`` naming the attribute, so the caller
 can warn and reset those envs instead of silently restoring wrong state. So does any other
 error met while capturing (a type without ``__module__``, such as SWIG's ``SwigPyObject`` in
 Box2D envs; a property that raises): capturing raises nothing else. Class and module
@@ -75,6 +76,9 @@ def _why_not_plain(cls: type) -> str | None:
     """Why instances of ``cls`` cannot be captured attribute by attribute, or None."""
     if issubclass(cls, _OUTSIDE):
         return "holds state outside Python objects (OS resources or other processes)"
+    declared = getattr(cls, "env_state_unsupported", None)  # a class that knows it (envpool_env.py)
+    if isinstance(declared, str):
+        return declared
     for c in cls.__mro__:
         # Classes written in Python are heap types; C types are static (pybind11's are heap types).
         if c not in (object, typing.Generic) and not (c.__flags__ & (1 << 9) and c.__name__ != "pybind11_object"):
