@@ -43,3 +43,14 @@ def test_atari_prints_both_sides_throughput_as_json_last():
         figures = result["algos"][algo]
         assert figures["env_steps"] == steps and all(figures["steps_per_s"][k] > 0 for k in ("ours", "sb3"))
         assert figures["ratio_ours_over_sb3"] == figures["steps_per_s"]["ours"] / figures["steps_per_s"]["sb3"]
+
+
+def test_replay_frames_prints_bytes_per_transition_against_sb3_as_json_last():
+    proc = run_benchmark("replay", "--frames", "--capacity", "2000", "--fill", "40", "--repeats", "3")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    per = result["bytes_per_transition"]
+    assert sorted(per) == ["ours_frames", "ours_frames_per", "ours_whole_obs", "sb3", "sb3_optimize_memory"]
+    assert per["ours_frames"] < per["ours_frames_per"] <= 7_500 < 28_224 < per["ours_whole_obs"]
+    assert per["sb3_optimize_memory"] > 28_224 and per["sb3"] > 2 * 28_224
+    assert sorted(result["sample_ms"]) == ["ours_frames", "ours_whole_obs", "sb3_optimize_memory"]
