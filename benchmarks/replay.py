@@ -7,6 +7,17 @@ uniform sample, and the buffers' memory against the raw bytes of the transitions
 
     python benchmarks/replay.py [--capacity 1000000] [--num-envs 1000] [--repeats 300]
 
+``--frames``: stacked Atari frames instead, ``(4, 84, 84)`` uint8 with 4 Discrete actions. Bytes
+per transition (every array a buffer allocates, over its capacity) of lightning_rl's replay
+storing each frame once (uniform and prioritized), of its replay of whole observations, and of
+Stable-Baselines3's ``ReplayBuffer`` with ``optimize_memory_usage`` True and False, each built
+at ``--capacity`` (default 100k: the figures do not depend on it; ``per_1m_gb`` scales them
+to 1M transitions); then ``--fill`` steps of ``--game`` (random actions, the standard
+preprocessing of data/envs/atari.py; SB3's buffers get the same observations) and the time
+of one sample of ``--batch-size`` from each, as ratios to the frame replay's.
+
+    python benchmarks/replay.py --frames [--capacity 100000] [--fill 2000] [--batch-size 32]
+
 The last stdout line is one JSON object with the figures.
 """
 
@@ -14,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 
 import gymnasium as gym
@@ -52,16 +64,97 @@ def time_ms(fn, repeats: int, warmup: int = 20) -> tuple[float, float]:
     return float(times.mean() * 1e3), float(np.median(times) * 1e3)
 
 
+def array_nbytes(obj: object) -> int:
+    """Bytes of the numpy arrays among ``obj``'s attributes (an SB3 buffer's storage)."""
+    return sum(v.nbytes for v in vars(obj).values() if isinstance(v, np.ndarray))
+
+
+def frames(args: argparse.Namespace) -> None:
+    """The ``--frames`` figures (see the module docstring)."""
+    from stable_baselines3.common.buffers import ReplayBuffer as SB3ReplayBuffer
+
+    from lightning_rl.data.envs import make_vector_env
+
+    obs_space = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+    act_space = gym.spaces.Discrete(4)
+    cap = args.capacity
+    ours = dict(observation_space=obs_space, action_space=act_space, n_step=args.n_step, seed=args.seed)
+
+    def build() -> dict[str, object]:
+        return {
+            "ours_frames": ReplayBuffer(cap, **ours, frame_stack=True),
+            "ours_frames_per": PrioritizedReplayBuffer(cap, **ours, frame_stack=True),
+            "ours_whole_obs": ReplayBuffer(cap, **ours),
+            "sb3_optimize_memory": SB3ReplayBuffer(cap, obs_space, act_space, device="cpu",
+                                                   optimize_memory_usage=True, handle_timeout_termination=False),
+            "sb3": SB3ReplayBuffer(cap, obs_space, act_space, device="cpu"),
+        }
+
+    buffers = build()
+    per_transition = {name: (b.nbytes if isinstance(b, ReplayBuffer) else array_nbytes(b)) / cap
+                      for name, b in buffers.items()}
+    print(f"stacked frames (4, 84, 84) uint8, Discrete(4), n_step={args.n_step}: bytes per transition "
+          f"(capacity {cap:,})")
+    for name, nbytes in per_transition.items():
+        print(f"  {name:20s} {nbytes:9,.0f} B   1M transitions: {nbytes * 1e6 / 1e9:6.2f} GB   "
+              f"{nbytes / per_transition['ours_frames']:.2f}x ours")
+
+    # a real stream of the game into ours (frames, whole) and SB3's memory-optimized buffer
+    envs = make_vector_env(args.game, 1, "sync")
+    rng = np.random.default_rng(args.seed)
+    obs, _ = envs.reset(seed=args.seed)
+    prev_done = np.zeros(1, dtype=bool)
+    filled = {k: buffers[k] for k in ("ours_frames", "ours_whole_obs", "sb3_optimize_memory")}
+    start = time.perf_counter()
+    for _ in range(args.fill):
+        actions = rng.integers(0, 4, 1)
+        next_obs, rewards, terminateds, truncateds, _ = envs.step(actions)
+        for name in ("ours_frames", "ours_whole_obs"):
+            filled[name].add(obs, actions, rewards, terminateds, truncateds, ~prev_done)
+        if not prev_done[0]:  # SB3 takes transitions, not the reset steps of next-step autoreset
+            final = next_obs
+            filled["sb3_optimize_memory"].add(obs, final, actions[:, None], rewards, terminateds | truncateds, [{}])
+        obs, prev_done = next_obs, terminateds | truncateds
+    envs.close()
+    fill_s = time.perf_counter() - start
+    flat = np.flatnonzero(filled["ours_frames"]._sampleable_flat)
+    a, b = (filled[k]._transitions(flat) for k in ("ours_frames", "ours_whole_obs"))
+    assert all(torch.equal(a[k], b[k]) for k in a), "the frame replay differs from the whole-observation replay"
+    sample_ms = {name: time_ms(lambda buf=buf: buf.sample(args.batch_size), args.repeats)[0]
+                 for name, buf in filled.items()}
+    print(f"  {args.fill} steps of {args.game} in {fill_s:.1f} s; {len(flat)} sampleable rows equal in both of ours")
+    for name, ms in sample_ms.items():
+        print(f"  sample of {args.batch_size}: {name:20s} {ms:.3f} ms  {ms / sample_ms['ours_frames']:.2f}x ours")
+    print(json.dumps({
+        "capacity": cap, "n_step": args.n_step, "game": args.game, "fill_steps": args.fill,
+        "batch_size": args.batch_size, "bytes_per_transition": {k: round(v, 1) for k, v in per_transition.items()},
+        "per_1m_gb": {k: round(v * 1e6 / 1e9, 3) for k, v in per_transition.items()},
+        "vs_ours_frames": {k: round(v / per_transition["ours_frames"], 3) for k, v in per_transition.items()},
+        "sample_ms": {k: round(v, 4) for k, v in sample_ms.items()},
+        "sample_vs_ours_frames": {k: round(v / sample_ms["ours_frames"], 3) for k, v in sample_ms.items()},
+        "load_avg": os.getloadavg(),
+    }))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--capacity", type=int, default=1_000_000)
+    parser.add_argument("--capacity", type=int, default=None, help="default 1M, 100k with --frames")
     parser.add_argument("--num-envs", type=int, default=1000)
-    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--batch-size", type=int, default=None, help="default 256, 32 with --frames")
     parser.add_argument("--n-step", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=300)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--frames", action="store_true", help="stacked Atari frames against SB3 (module docstring)")
+    parser.add_argument("--fill", type=int, default=2000, help="--frames: env steps of --game into the buffers")
+    parser.add_argument("--game", default="ALE/Breakout-v5")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.frames:
+        args.capacity = args.capacity or 100_000
+        args.batch_size = args.batch_size or 32
+        return frames(args)
+    args.capacity = args.capacity or 1_000_000
+    args.batch_size = args.batch_size or 256
 
     obs_space = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
     act_space = gym.spaces.Discrete(2)

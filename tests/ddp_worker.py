@@ -6,6 +6,7 @@ MODE ``check``: a few iterations of PPO CartPole (with an adaptive KL coefficien
 ``learn``: the 100k-step learning run; ``uneven``: an env whose episodes end on rank 0 only
 (its settings given as env_kwargs); ``spaces``: PPO on a Dict observation with MultiDiscrete actions;
 ``dqn``, ``dqn_uneven`` (the configuration where "enough data" used to differ between ranks),
+``dqn_frames`` (DQN on stacked uint8 frames, stored once per step in a replay that wraps),
 ``sac``, ``a2c``, ``impala``, ``appo``, ``apex``: the other algorithms (the async ones with a
 sampler worker per rank); ``resume-ALGO-PHASE`` (ALGO ``ppo``/``dqn``/``apex``, PHASE
 ``full``: 8192 global env steps, ``first``: the first 4096 then a checkpoint in OUT_DIR,
@@ -30,7 +31,7 @@ from pytorch_lightning.loggers import CSVLogger
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lightning_rl import A2C, APEX, APPO, DQN, IMPALA, PPO, SAC
-from tests.image_envs import BrightSide
+from tests.image_envs import BrightSide, stacked_bright_side
 from tests.multi_agent_envs import RankRelay, by_agent
 from tests.space_envs import CueMatch
 
@@ -65,6 +66,12 @@ class RankEnv(gym.Env):
         return np.full(2, self.step_size * self.t, dtype=np.float32), self.reward, done, False, {}
 
 
+def stored_obs(buffer) -> list:
+    """The first stored observations (or frames, where the replay stores frames) of a buffer."""
+    state = buffer.state_dict()
+    return state["obs" if "obs" in state else "frames"][:4].reshape(-1).tolist()
+
+
 class Recorder(pl.Callback):
     def __init__(self) -> None:
         self.learner_stats: list[dict] = []
@@ -77,7 +84,7 @@ class Recorder(pl.Callback):
     def on_train_end(self, trainer, pl_module):
         buffer = getattr(pl_module.active_datamodule, "buffer", None)
         if buffer is not None:
-            self.buffer_obs = buffer.state_dict()["obs"][:4].reshape(-1).tolist()
+            self.buffer_obs = stored_obs(buffer)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         self.affinity = affinity()
@@ -87,7 +94,7 @@ class Recorder(pl.Callback):
         elif self.first_obs is None and batch.replay is not None:
             replay = batch.replay
             buffer = replay.buffer if hasattr(replay, "buffer") else replay.buffers["p_runner"]  # multi-agent
-            self.first_obs = buffer.state_dict()["obs"][:4].reshape(-1).tolist()
+            self.first_obs = stored_obs(buffer)
         if "default_policy" in batch.policy_batches:
             self.rows += batch.policy_batches["default_policy"].count
         stats = outputs["learner_info"].get("default_policy", {}).get("learner_stats", {})
@@ -128,6 +135,10 @@ def main(out: Path, mode: str) -> None:
         model = DQN(env="CartPole-v1", learning_starts=64, train_freq=32, num_gradient_steps=4, train_batch_size=32,
                     buffer_size=2000, hiddens=(32,), prioritized_replay=True, total_env_steps=2 * 32 * 8,
                     target_network_update_freq=64, **common)
+    elif mode == "dqn_frames":  # (4, 16, 16) uint8 stacks, one frame per step in a 24-row ring that wraps
+        model = DQN(env=stacked_bright_side, num_envs=2, learning_starts=32, train_freq=16, num_gradient_steps=2,
+                    train_batch_size=16, buffer_size=48, hiddens=(16,), total_env_steps=2 * 32 * 6,
+                    target_network_update_freq=64, vectorization="sync", **common)
     elif mode == "dqn_uneven":
         model = DQN(env="CartPole-v1", num_envs=4, train_freq=16, num_gradient_steps=1, learning_starts=65,
                     train_batch_size=114, buffer_size=2000, hiddens=(16,), total_env_steps=2 * 64 * 12, **common)
@@ -215,6 +226,7 @@ def main(out: Path, mode: str) -> None:
     last_obs = ranks[trainer.global_rank]["obs"].tolist() if trainer.global_rank == 0 and ranks else None
     (out / f"rank{trainer.global_rank}.json").write_text(json.dumps({
         "buffer_obs": recorder.buffer_obs,
+        "replay_frame_stack": getattr(model.default_datamodule, "frame_stack", None),
         "affinity_before": affinity_before,
         "affinity_during": recorder.affinity,
         "affinity_after": affinity(),

@@ -165,3 +165,40 @@ def test_resuming_an_atari_run_continues_with_fresh_games_and_says_so(tmp_path):
     with pytest.warns(UserWarning, match=r"the checkpoint holds no env state of 'ALE/Breakout-v5'.*ALEInterface"):
         quiet_trainer(max_epochs=2).fit(resumed, ckpt_path=tmp_path / "half.ckpt")
     assert resumed.global_counters["num_env_steps_sampled"] == 256 and resumed.counters["num_iterations"] == 4
+
+
+@requires_ale
+def test_breakout_frames_are_stored_once_and_replayed_as_the_game_gave_them():
+    """The grayscale stack declares itself (``metadata["frame_stack"]``), so the replay stores one
+    84x84 frame per step; over 2 x 300 steps of Breakout (lost lives end episodes; each new
+    episode's stack repeats its first frame) and a ring that wraps, every sampleable row's
+    obs and next_obs equal those of a replay of whole observations."""
+    from lightning_rl.data.buffers.frames import use_frame_storage
+    from lightning_rl.data.buffers.replay_buffer import ReplayBuffer
+
+    envs = make_vector_env("ALE/Breakout-v5", 2, "sync")
+    space = envs.single_observation_space
+    assert envs.metadata["frame_stack"] == 4 and use_frame_storage("auto", space, envs.metadata)
+    assert "frame_stack" not in gym_make("ALE/Breakout-v5", grayscale=False).metadata  # color: whole observations
+    kwargs = dict(capacity=2 * 120, observation_space=space, action_space=envs.single_action_space, num_envs=2,
+                  n_step=3)
+    frames, whole = ReplayBuffer(**kwargs, frame_stack=True), ReplayBuffer(**kwargs)
+    rng = np.random.default_rng(0)
+    obs, _ = envs.reset(seed=0)
+    prev_done, ends, starts = np.zeros(2, dtype=bool), 0, 0
+    for _ in range(300):
+        actions = rng.integers(0, envs.single_action_space.n, 2)
+        next_obs, rewards, terminateds, truncateds, _ = envs.step(actions)
+        for buffer in (frames, whole):
+            buffer.add(obs, actions, rewards, terminateds, truncateds, ~prev_done)
+        starts += int(sum((o[:3] == o[3]).all() for o in next_obs[prev_done]))  # after a reset step
+        obs, prev_done = next_obs, terminateds | truncateds
+        ends += int(prev_done.sum())
+    envs.close()
+    assert ends >= 4 and starts == ends - int(prev_done.sum())  # every new episode's stack: its first frame 4 times
+    flat = np.flatnonzero(frames._sampleable_flat)
+    assert len(flat) > 150
+    a, b = frames._transitions(flat), whole._transitions(flat)
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    assert whole.storage_nbytes / frames.storage_nbytes > 3.8  # 4 less the flags and each env's last stack

@@ -46,3 +46,14 @@ def test_atari_prints_both_sides_throughput_as_json_last():
         assert figures["env_steps"] == steps and sorted(rates) == ["ours-envpool", "ours-sync", "sb3"]
         assert all(rate > 0 for rate in rates.values()) and all(0 < s < 1 for s in figures["sampling_share"].values())
         assert figures["ratio_over_sb3"] == {k: rates[k] / rates["sb3"] for k in ("ours-sync", "ours-envpool")}
+
+
+def test_replay_frames_prints_bytes_per_transition_against_sb3_as_json_last():
+    proc = run_benchmark("replay", "--frames", "--capacity", "2000", "--fill", "40", "--repeats", "3")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    per = result["bytes_per_transition"]
+    assert sorted(per) == ["ours_frames", "ours_frames_per", "ours_whole_obs", "sb3", "sb3_optimize_memory"]
+    assert per["ours_frames"] < per["ours_frames_per"] <= 7_500 < 28_224 < per["ours_whole_obs"]
+    assert per["sb3_optimize_memory"] > 28_224 and per["sb3"] > 2 * 28_224
+    assert sorted(result["sample_ms"]) == ["ours_frames", "ours_whole_obs", "sb3_optimize_memory"]

@@ -123,6 +123,17 @@ def test_dqn_under_ddp_each_rank_its_own_buffer_and_global_schedules(tmp_path):
     assert r0["learner_stats"][-1]["replay_beta"] == pytest.approx(0.4 + 0.6 * 448 / 512)
 
 
+def test_dqn_on_stacked_frames_stored_once_under_ddp(tmp_path):
+    """DQN on (4, 16, 16) frame stacks, each rank's replay storing one frame per step: both ranks
+    take the same steps, each from its own frames, and end with identical weights."""
+    r0, r1, _ = run_ddp(tmp_path, "dqn_frames", timeout=300)
+    assert r0["replay_frame_stack"] is r1["replay_frame_stack"] is True
+    assert r0["params"] == r1["params"]
+    # 6 iterations of 32 env steps per rank, learning from the first (learning_starts=32)
+    assert r0["counters"]["num_grad_updates"] == r1["counters"]["num_grad_updates"] == 2 * 6
+    assert r0["buffer_obs"] != r1["buffer_obs"]  # each rank's own frames
+
+
 def test_off_policy_ranks_start_learning_together(tmp_path):
     """The configuration where each rank used to decide "enough data to train" from its own buffer,
     so one rank entered an all-reduce the other never reached (gloo aborted, NCCL would hang)."""

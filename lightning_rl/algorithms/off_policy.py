@@ -48,7 +48,8 @@ class OffPolicyModule(Algorithm):
         prioritized_replay_alpha: float = 0.6,
         prioritized_replay_beta: float = 0.4,
         prioritized_replay_eps: float = 1e-6,
-        checkpoint_replay_buffer: bool = True,
+        checkpoint_replay_buffer: bool | str = "auto",
+        replay_frame_stack: bool | str = "auto",
         **settings: Any,
     ) -> None:
         super().__init__(**settings)
@@ -76,11 +77,14 @@ class OffPolicyModule(Algorithm):
                       iterations_per_epoch=self.iterations_per_epoch, sampling_device=sampling_device,
                       checkpoint_replay_buffer=checkpoint_replay_buffer)
         if self.multi_agent:
+            if replay_frame_stack is True:
+                raise ValueError("replay_frame_stack=True: a multi-agent replay stores whole transitions")
             self.default_datamodule = MultiAgentReplayDataModule(self.env_spec, self.policy_mapping_fn,
                                                                  self.policy_spaces, **replay)
         else:
             self.default_datamodule = ReplayDataModule(self.env_spec, vectorization=self.vectorization,
-                                                       check_finite=self.check_finite, **replay)
+                                                       check_finite=self.check_finite,
+                                                       replay_frame_stack=replay_frame_stack, **replay)
         self._last_target_update = 0
 
     def update(self, policy_id: str, batch: SampleBatch) -> dict[str, Any]:

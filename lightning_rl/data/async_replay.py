@@ -22,7 +22,13 @@ from lightning_rl.batch import MultiAgentBatch, SampleBatch
 from lightning_rl.checkpoint import pack_rank_states, unpack_rank_state
 from lightning_rl.data.async_sampling import POLICY_VERSION, AsyncSamplingDataModule, FragmentTask, _Fragment
 from lightning_rl.data.base import rank_seed
-from lightning_rl.data.buffers.replay_buffer import NStepWindows, ReplayBuffer, TransitionReplayBuffer
+from lightning_rl.data.buffers.replay_buffer import (
+    NStepWindows,
+    ReplayBuffer,
+    TransitionReplayBuffer,
+    check_checkpoint_replay_setting,
+    keeps_replay,
+)
 from lightning_rl.data.buffers.sum_tree import ProportionalPriorities
 from lightning_rl.data.envs import EnvSpec
 from lightning_rl.data.rollout import RolloutDataModule
@@ -104,7 +110,9 @@ class ApexDataModule(AsyncSamplingDataModule):
         prioritized_replay_alpha, prioritized_replay_eps: proportional prioritization.
         epsilon, epsilon_alpha: the workers' epsilons (``worker_epsilons``); the learner
             process samples with worker 0's when ``num_workers=0``.
-        checkpoint_replay_buffer: keep the replay in checkpoints.
+        checkpoint_replay_buffer: keep the replay in checkpoints (``"auto"``: when it takes at most
+            1 GiB, ``keeps_replay``). The replay holds whole transitions (``obs`` and ``next_obs``):
+            stacked frames are not stored once per step here.
         sampling: ``AsyncSamplingDataModule``'s other settings (``learner_queue_size``, ``seed``...).
     """
 
@@ -125,7 +133,7 @@ class ApexDataModule(AsyncSamplingDataModule):
         prioritized_replay_eps: float = 1e-6,
         epsilon: float = 0.4,
         epsilon_alpha: float = 7.0,
-        checkpoint_replay_buffer: bool = True,
+        checkpoint_replay_buffer: bool | str = "auto",
         **sampling: Any,
     ) -> None:
         super().__init__(
@@ -136,6 +144,7 @@ class ApexDataModule(AsyncSamplingDataModule):
         ProportionalPriorities(1, prioritized_replay_alpha, prioritized_replay_eps)  # alpha and eps
         if learning_starts < 0:
             raise ValueError(f"learning_starts must be >= 0, got {learning_starts}")
+        check_checkpoint_replay_setting(checkpoint_replay_buffer)
         self.buffer_size, self.learning_starts = buffer_size, learning_starts
         self.n_step, self.gamma = n_step, gamma
         self.alpha, self.eps = prioritized_replay_alpha, prioritized_replay_eps
@@ -237,7 +246,7 @@ class ApexDataModule(AsyncSamplingDataModule):
         """The base's, and every rank's env steps inserted, replay (``checkpoint_replay_buffer``)
         and, with ``num_workers=0``, open n-step windows (exact resume then). Gathers over DDP
         ranks: call it on every rank together, as Lightning's checkpointing does."""
-        keep = self.checkpoint_replay_buffer and self.buffer is not None
+        keep = self.buffer is not None and keeps_replay(self.checkpoint_replay_buffer, self.buffer.nbytes)
         local = {
             "env_steps": self.env_steps,
             "buffer": self.buffer.state_dict(tensors=True) if keep else None,

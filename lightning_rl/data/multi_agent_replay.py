@@ -13,7 +13,13 @@ import torch
 
 from lightning_rl.batch import MultiAgentBatch, SampleBatch
 from lightning_rl.data.base import rank_seed
-from lightning_rl.data.buffers.replay_buffer import NStepWindows, TransitionReplayBuffer, check_replay_settings
+from lightning_rl.data.buffers.replay_buffer import (
+    NStepWindows,
+    TransitionReplayBuffer,
+    check_checkpoint_replay_setting,
+    check_replay_settings,
+    keeps_replay,
+)
 from lightning_rl.data.multi_agent import MultiAgentEnvDataModule
 from lightning_rl.data.samplers.engine import ExploringPolicy
 
@@ -51,11 +57,12 @@ class MultiAgentReplayDataModule(MultiAgentEnvDataModule):
         seed: int | None = None,
         iterations_per_epoch: int = 1000,
         sampling_device: str = "cpu",
-        checkpoint_replay_buffer: bool = True,
+        checkpoint_replay_buffer: bool | str = "auto",
     ) -> None:
         super().__init__(env, policy_mapping_fn, num_envs, seed, iterations_per_epoch, sampling_device)
         check_replay_settings(buffer_size, 1, train_freq, learning_starts, n_step, gamma, prioritized_replay,
                               prioritized_replay_alpha, prioritized_replay_eps)
+        check_checkpoint_replay_setting(checkpoint_replay_buffer)
         self.policy_spaces = dict(policy_spaces)
         self.buffer_size, self.learning_starts, self.train_freq = buffer_size, learning_starts, train_freq
         self.n_step, self.gamma = n_step, gamma
@@ -160,8 +167,8 @@ class MultiAgentReplayDataModule(MultiAgentEnvDataModule):
         state["env_steps"] = self.env_steps
         state["windows"] = {f"{i}/{agent}": w.state_dict(tensors=True) for (i, agent), w in self._windows.items()}
         state["open"] = [f"{i}/{agent}" for i, agent in sorted(self._open)]
-        state["buffers"] = ({pid: b.state_dict(tensors=True) for pid, b in self.buffers.items()}
-                            if self.checkpoint_replay_buffer else None)
+        keep = keeps_replay(self.checkpoint_replay_buffer, sum(b.nbytes for b in self.buffers.values()))
+        state["buffers"] = {pid: b.state_dict(tensors=True) for pid, b in self.buffers.items()} if keep else None
         return state
 
     def load_local_state(self, state: dict[str, Any]) -> None:

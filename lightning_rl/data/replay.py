@@ -9,7 +9,14 @@ import torch
 
 from lightning_rl.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
 from lightning_rl.data.base import EnvDataModule, rank_seed
-from lightning_rl.data.buffers.replay_buffer import PrioritizedReplayBuffer, ReplayBuffer, check_replay_settings
+from lightning_rl.data.buffers.frames import check_frame_stack_setting, use_frame_storage
+from lightning_rl.data.buffers.replay_buffer import (
+    PrioritizedReplayBuffer,
+    ReplayBuffer,
+    check_checkpoint_replay_setting,
+    check_replay_settings,
+    keeps_replay,
+)
 from lightning_rl.data.envs import EnvSpec
 from lightning_rl.data.samplers.engine import ExploringPolicy
 
@@ -37,8 +44,12 @@ class ReplayDataModule(EnvDataModule):
         prioritized_replay, prioritized_replay_alpha, prioritized_replay_eps: proportional
             prioritized replay (Schaul et al. 2016) instead of uniform; the importance
             exponent beta is the learner's (``sample_minibatch(beta=...)``).
-        checkpoint_replay_buffer: save the buffer in checkpoints (exact resume); off, a
-            resumed run starts with an empty buffer and waits ``learning_starts`` again.
+        checkpoint_replay_buffer: save the buffer in checkpoints (exact resume); ``"auto"``
+            when its arrays take at most 1 GiB (``keeps_replay``); off, a resumed run starts
+            with an empty buffer and waits ``learning_starts`` again.
+        replay_frame_stack: store stacked frames once per step (``frames.use_frame_storage``:
+            ``"auto"`` for a ``uint8`` ``(K, H, W)`` space whose env declares a ``K``-frame stack);
+            ``frame_stack`` is what was decided, once the envs are open.
 
     See ``EnvDataModule`` for the env arguments.
     """
@@ -59,12 +70,15 @@ class ReplayDataModule(EnvDataModule):
         seed: int | None = None,
         iterations_per_epoch: int = 1000,
         sampling_device: str = "cpu",
-        checkpoint_replay_buffer: bool = True,
+        checkpoint_replay_buffer: bool | str = "auto",
         check_finite: bool = True,
+        replay_frame_stack: bool | str = "auto",
     ) -> None:
         super().__init__(env, num_envs, vectorization, seed, iterations_per_epoch, sampling_device, check_finite)
         check_replay_settings(buffer_size, num_envs, train_freq, learning_starts, n_step, gamma, prioritized_replay,
                               prioritized_replay_alpha, prioritized_replay_eps)
+        check_checkpoint_replay_setting(checkpoint_replay_buffer)
+        check_frame_stack_setting(replay_frame_stack)
         self.buffer_size = buffer_size
         self.learning_starts = learning_starts
         self.train_freq = train_freq
@@ -76,12 +90,16 @@ class ReplayDataModule(EnvDataModule):
         self.buffer: ReplayBuffer | None = None
         self.env_steps = 0  # this process's env steps, which learning_starts counts
         self.checkpoint_replay_buffer = checkpoint_replay_buffer
+        self.replay_frame_stack = replay_frame_stack
+        self.frame_stack: bool | None = None  # decided when the envs open
 
     def on_envs_ready(self) -> None:
+        space = self.envs.single_observation_space
+        self.frame_stack = use_frame_storage(self.replay_frame_stack, space, self.envs.metadata)
         kwargs = dict(
-            capacity=self.buffer_size, observation_space=self.envs.single_observation_space,
+            capacity=self.buffer_size, observation_space=space,
             action_space=self.envs.single_action_space, num_envs=self.num_envs, n_step=self.n_step,
-            gamma=self.gamma, seed=rank_seed(self.seed, self.rank),
+            gamma=self.gamma, seed=rank_seed(self.seed, self.rank), frame_stack=self.frame_stack,
         )
         if self.prioritized_replay:
             self.buffer = PrioritizedReplayBuffer(**kwargs, alpha=self.alpha, eps=self.eps)
@@ -135,7 +153,8 @@ class ReplayDataModule(EnvDataModule):
     def local_state(self) -> dict[str, Any]:
         state = super().local_state()
         state["env_steps"] = self.env_steps
-        state["buffer"] = self.buffer.state_dict(tensors=True) if self.checkpoint_replay_buffer else None
+        keep = keeps_replay(self.checkpoint_replay_buffer, self.buffer.nbytes)
+        state["buffer"] = self.buffer.state_dict(tensors=True) if keep else None
         return state
 
     def load_local_state(self, state: dict[str, Any]) -> None:

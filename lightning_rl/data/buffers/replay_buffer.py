@@ -18,6 +18,11 @@ is never sampleable.
 
 Flat indexes (``batch_indexes``) are ``slot * num_envs + env`` with ``slot`` the ring row.
 
+With ``frame_stack=True`` (stacked ``uint8`` frames ``(K, H, W)``) a row stores only its
+observation's newest frame (``frames.StackedFrames``) and a stack is rebuilt from the ``K - 1``
+rows before it, as the env gave it; a row is then sampleable only while those rows are stored
+too, so each env's ``K - 1`` oldest rows are not.
+
 Each ``add`` must be the next step of every env. When the stream breaks (envs reset
 without an episode end, e.g. after restoring the buffer from a checkpoint), call
 ``end_episodes()`` first so no window joins the old stream to the new one.
@@ -32,6 +37,7 @@ import numpy as np
 import torch
 
 from lightning_rl.batch import SampleBatch
+from lightning_rl.data.buffers.frames import StackedFrames, frame_stack_problem
 from lightning_rl.data.buffers.sum_tree import ProportionalPriorities
 from lightning_rl.functional import n_step_returns
 
@@ -67,6 +73,8 @@ class ReplayBuffer:
         n_step: length of the return window (1 = one-step transitions).
         gamma: discount of the n-step return.
         seed: seed of the buffer's own ``np.random.Generator`` (sampling only).
+        frame_stack: store a ``uint8`` ``(K, H, W)`` frame stack one frame per step (see the
+            module docstring); ``rows`` must then exceed ``n_step + K - 1``.
     """
 
     def __init__(
@@ -78,15 +86,23 @@ class ReplayBuffer:
         n_step: int = 1,
         gamma: float = 0.99,
         seed: int | None = None,
+        frame_stack: bool = False,
     ) -> None:
-        rows = self.check_config(capacity, num_envs, n_step, gamma)
+        problem = frame_stack_problem(observation_space) if frame_stack else None
+        if problem is not None:
+            raise ValueError(f"frame_stack=True needs {problem}")
+        history = int(observation_space.shape[0]) - 1 if frame_stack else 0
+        rows = self.check_config(capacity, num_envs, n_step, gamma, history)
         self.obs_shape, self.obs_dtype = _space_layout(observation_space, "observation", action=False)
         self.action_shape, self.action_dtype = _space_layout(action_space, "action", action=True)
         self.observation_space, self.action_space = observation_space, action_space
         self.num_envs, self.rows, self.n_step, self.gamma = int(num_envs), int(rows), int(n_step), float(gamma)
         shape = (self.rows, self.num_envs)
         # np.zeros: pages are mapped lazily, and unwritten slots read as harmless zeros.
-        self._obs = np.zeros((*shape, *self.obs_shape), dtype=self.obs_dtype)
+        self.frames = StackedFrames(self.rows, self.num_envs, observation_space) if frame_stack else None
+        self._history = history  # rows before a row that its observation is rebuilt from
+        if self.frames is None:
+            self._obs = np.zeros((*shape, *self.obs_shape), dtype=self.obs_dtype)
         self._actions = np.zeros((*shape, *self.action_shape), dtype=self.action_dtype)
         self._rewards = np.zeros(shape, dtype=np.float32)
         self._terminateds = np.zeros(shape, dtype=bool)
@@ -95,7 +111,8 @@ class ReplayBuffer:
         self._sampleable = np.zeros(shape, dtype=bool)
         # Flat views over slots: index slot * num_envs + env.
         size = self.capacity
-        self._obs_flat = self._obs.reshape(size, *self.obs_shape)
+        if self.frames is None:
+            self._obs_flat = self._obs.reshape(size, *self.obs_shape)
         self._actions_flat = self._actions.reshape(size, *self.action_shape)
         self._rewards_flat = self._rewards.reshape(size)
         self._terminateds_flat = self._terminateds.reshape(size)
@@ -107,10 +124,11 @@ class ReplayBuffer:
         self.rng = np.random.default_rng(seed)
 
     @staticmethod
-    def check_config(capacity: int, num_envs: int, n_step: int, gamma: float) -> int:
+    def check_config(capacity: int, num_envs: int, n_step: int, gamma: float, history: int = 0) -> int:
         """Validate the constructor's sizes (also for callers that build the buffer later);
-        returns the ring's rows per env. ``n_step + 2`` rows guarantee a sampleable row as
-        soon as ``n_step + 1`` steps were added, whatever the episode ends."""
+        returns the ring's rows per env. ``n_step + 2`` rows (plus the ``history`` rows a stored
+        frame stack reads) guarantee a sampleable row as soon as ``n_step + 1`` steps were
+        added, whatever the episode ends."""
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
         if capacity < num_envs:
@@ -120,10 +138,11 @@ class ReplayBuffer:
         if not 0.0 <= gamma <= 1.0:
             raise ValueError(f"gamma must be in [0, 1], got {gamma}")
         rows = -(-capacity // num_envs)
-        if rows < n_step + 2:
+        if rows < n_step + 2 + history:
+            frames = f" with {history + 1} stacked frames" if history else ""
             raise ValueError(
                 f"buffer capacity ({capacity}) gives {rows} rows per env for num_envs={num_envs}; "
-                f"n_step={n_step} needs at least {n_step + 2}"
+                f"n_step={n_step}{frames} needs at least {n_step + 2 + history}"
             )
         return rows
 
@@ -145,7 +164,7 @@ class ReplayBuffer:
 
     def _storage(self) -> dict[str, np.ndarray]:
         return {
-            "obs": self._obs,
+            **({"obs": self._obs} if self.frames is None else self.frames.arrays()),
             "actions": self._actions,
             "rewards": self._rewards,
             "terminateds": self._terminateds,
@@ -156,7 +175,7 @@ class ReplayBuffer:
 
     @property
     def storage_nbytes(self) -> int:
-        """Bytes of the transition storage arrays (observations once, plus flags)."""
+        """Bytes of the transition storage arrays (observations once, or frames once, plus flags)."""
         return sum(a.nbytes for a in self._storage().values())
 
     @property
@@ -198,15 +217,21 @@ class ReplayBuffer:
         ):
             if arr.shape != shape:
                 raise ValueError(f"add: {name} has shape {arr.shape}, expected {shape}")
+        kinds = None if self.frames is None else self.frames.how_they_start(obs)  # raises before any change
         t = self._num_added
         slot = t % self.rows
-        if t >= self.rows:  # overwrite the oldest row
-            lost = np.flatnonzero(self._sampleable[slot])
-            if lost.size:
-                self._sampleable[slot, lost] = False
-                self._num_sampleable -= lost.size
-                self._on_unsampleable(slot * n + lost)
-        self._obs[slot] = obs
+        if t >= self.rows:  # overwrite the oldest row; the stacks of the next `history` rows read it
+            for j in range(self._history + 1):
+                row = (slot + j) % self.rows
+                lost = np.flatnonzero(self._sampleable[row])
+                if lost.size:
+                    self._sampleable[row, lost] = False
+                    self._num_sampleable -= lost.size
+                    self._on_unsampleable(row * n + lost)
+        if self.frames is None:
+            self._obs[slot] = obs
+        else:
+            self.frames.write(slot, obs, kinds)
         self._actions[slot] = actions
         self._rewards[slot] = rewards
         self._terminateds[slot] = terminateds
@@ -342,17 +367,22 @@ class ReplayBuffer:
         np.subtract(next_flat, size, out=next_flat, where=next_flat >= size)
         return SampleBatch(
             {
-                # Copies into torch's 64-byte-aligned memory: a matmul's rounding may depend on its
-                # input's alignment, which numpy leaves to chance (exact resume).
-                SampleBatch.OBS: torch.tensor(self._obs_flat.take(flat, axis=0)),
+                SampleBatch.OBS: self._observations(flat),
                 SampleBatch.ACTIONS: torch.from_numpy(self._actions_flat.take(flat, axis=0)),
                 SampleBatch.REWARDS: returns,
-                SampleBatch.NEXT_OBS: torch.tensor(self._obs_flat.take(next_flat, axis=0)),
+                SampleBatch.NEXT_OBS: self._observations(next_flat),
                 SampleBatch.TERMINATEDS: terminated,
                 SampleBatch.DISCOUNTS: discounts,
                 SampleBatch.BATCH_INDEXES: torch.from_numpy(flat.astype(np.int64, copy=False)),
             }
         )
+
+    def _observations(self, flat: np.ndarray) -> torch.Tensor:
+        if self.frames is not None:
+            return self.frames.gather(flat)
+        # Copies into torch's 64-byte-aligned memory: a matmul's rounding may depend on its
+        # input's alignment, which numpy leaves to chance (exact resume).
+        return torch.tensor(self._obs_flat.take(flat, axis=0))
 
     # ------------------------------------------------------------------ checkpointing
 
@@ -366,6 +396,7 @@ class ReplayBuffer:
             "obs_dtype": str(self.obs_dtype),
             "action_shape": list(self.action_shape),
             "action_dtype": str(self.action_dtype),
+            **({} if self.frames is None else {"frame_stack": True}),
         }
 
     def _arrays(self) -> dict[str, np.ndarray]:
@@ -673,6 +704,22 @@ class TransitionReplayBuffer:
         live = np.arange(self.capacity) < len(self)
         self.prio.load(_as_numpy(state["priorities"]), live, state["max_priority"])
         self.rng.bit_generator.state = state["rng_state"]
+
+
+REPLAY_CHECKPOINT_AUTO_BYTES = 2**30  # checkpoint_replay_buffer="auto" keeps buffers of at most this many bytes
+
+
+def check_checkpoint_replay_setting(value: Any) -> None:
+    """``checkpoint_replay_buffer`` is ``True``, ``False`` or ``"auto"``."""
+    if not (isinstance(value, bool) or value == "auto"):
+        raise ValueError(f"checkpoint_replay_buffer must be True, False or 'auto', got {value!r}")
+
+
+def keeps_replay(setting: bool | str, nbytes: int) -> bool:
+    """Whether a checkpoint holds a replay of ``nbytes`` (all its arrays, per process):
+    ``checkpoint_replay_buffer`` itself, or with ``"auto"`` at most ``REPLAY_CHECKPOINT_AUTO_BYTES``
+    (1 GiB)."""
+    return nbytes <= REPLAY_CHECKPOINT_AUTO_BYTES if setting == "auto" else bool(setting)
 
 
 def check_replay_settings(buffer_size: int, num_envs: int, train_freq: int, learning_starts: int, n_step: int,

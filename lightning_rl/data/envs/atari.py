@@ -16,7 +16,10 @@ step switchable through ``env_kwargs``, and episode statistics of whole games' r
    policy that never fires would otherwise play until the time limit);
 5. ``clip_rewards=True``: the sign of each reward, which is what the losses see;
 6. ``frame_stack`` (4) last frames, stacked channels first (``(4, 84, 84)`` uint8; with color,
-   ``(84, 84, 3 * frame_stack)``).
+   ``(84, 84, 3 * frame_stack)``), the first stack of an episode padded with copies of its first
+   frame (gymnasium's ``FrameStackObservation``). A grayscale stack says so in the env's
+   metadata (``frame_stack``), so that the replay stores each frame once
+   (``data/buffers/frames.py``).
 
 ALE's v5 defaults stay: sticky actions (``repeat_action_probability=0.25``) and the minimal
 action set, as Machado et al. 2018 recommend for evaluation that a memorized sequence of
@@ -77,7 +80,9 @@ def make_atari(
         env = gym.wrappers.TransformReward(env, np.sign)
     if frame_stack > 1:
         env = gym.wrappers.FrameStackObservation(env, frame_stack)
-        if not grayscale:  # (stack, H, W, 3) -> (H, W, 3 * stack): one image, HWC
+        if grayscale:
+            env.metadata = {**env.metadata, "frame_stack": frame_stack}
+        else:  # (stack, H, W, 3) -> (H, W, 3 * stack): one image, HWC
             h, w = screen_size, screen_size
             space = gym.spaces.Box(0, 255, (h, w, 3 * frame_stack), np.uint8)
             env = gym.wrappers.TransformObservation(
