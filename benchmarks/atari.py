@@ -19,7 +19,10 @@ Runs alternate (each of ours, SB3, each of ours, ...) so drifts in machine load 
 steps/s is env steps over the wall time of ``fit`` / ``learn``, and for ours the share of it
 spent sampling (env steps and the policy's forward passes; the rest is learning). Before the
 fits, the envs alone: 8 envs stepped with random actions on each backend (``--env-only-steps``),
-so the env's part of a step is seen apart from the networks'. The last line is one JSON object.
+so the env's part of a step is seen apart from the networks'. ``--precisions 32-true,bf16-mixed``
+also runs ours with ``Trainer(precision="bf16-mixed")`` (the update's convolutions and matrix
+products in bfloat16, which CPUs with AMX or AVX512-BF16 run faster; SB3 has no such setting),
+named ``ours-<backend>-bf16``. The last line is one JSON object.
 
     python benchmarks/atari.py --algos ppo,dqn --seeds 2 --ppo-steps 8192 --dqn-steps 6000
 """
@@ -40,12 +43,13 @@ import torch
 GAME = "ALE/Breakout-v5"
 
 
-def quiet_trainer() -> pl.Trainer:
+def quiet_trainer(precision: str = "32-true") -> pl.Trainer:
     return pl.Trainer(max_epochs=-1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                      enable_model_summary=False)
+                      enable_model_summary=False, precision=precision)
 
 
-def ours(algo: str, seed: int, steps: int, game: str, vectorization: str) -> tuple[float, float]:
+def ours(algo: str, seed: int, steps: int, game: str, vectorization: str,
+         precision: str = "32-true") -> tuple[float, float]:
     """Env steps per second of ``fit``, and the share of its time spent sampling."""
     import lightning_rl as L
 
@@ -68,7 +72,7 @@ def ours(algo: str, seed: int, steps: int, game: str, vectorization: str) -> tup
         return postprocess(batch)
 
     model.postprocess = timed
-    trainer = quiet_trainer()
+    trainer = quiet_trainer(precision)
     start = time.perf_counter()
     trainer.fit(model)
     wall = time.perf_counter() - start
@@ -130,12 +134,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--game", default=GAME)
     parser.add_argument("--vectorizations", default="sync,envpool",
                         help="comma-separated vector backends of ours: sync and/or envpool")
+    parser.add_argument("--precisions", default="32-true",
+                        help="comma-separated Trainer precisions of ours: 32-true and/or bf16-mixed")
     parser.add_argument("--env-only-steps", type=int, default=500,
                         help="steps of the 8 envs alone per backend before the fits (0: skip)")
     args = parser.parse_args(argv)
     backends = [v.strip() for v in args.vectorizations.split(",") if v.strip()]
     if not backends or set(backends) - {"sync", "envpool"}:
         parser.error(f"--vectorizations takes sync and/or envpool, got {args.vectorizations!r}")
+    precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
+    if not precisions or set(precisions) - {"32-true", "bf16-mixed"}:
+        parser.error(f"--precisions takes 32-true and/or bf16-mixed, got {args.precisions!r}")
+    runs = [(b, p, f"ours-{b}" + ("-bf16" if p == "bf16-mixed" else "")) for b in backends for p in precisions]
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore")
     load_start = os.getloadavg()
@@ -149,15 +159,15 @@ def main(argv: list[str] | None = None) -> None:
             print(f"[envs alone, 8 x {args.env_only_steps} random steps] {backend}: {rate:,.0f} steps/s", flush=True)
     for algo in args.algos.split(","):
         steps = args.ppo_steps if algo == "ppo" else args.dqn_steps
-        names = [f"ours-{b}" for b in backends]
+        names = [name for _, _, name in runs]
         rates: dict[str, list[float]] = {name: [] for name in (*names, "sb3")}
         sampling: dict[str, list[float]] = {name: [] for name in names}
         for seed in range(args.seeds):
-            for backend in backends:
-                rate, share = ours(algo, seed, steps, args.game, backend)
-                rates[f"ours-{backend}"].append(rate)
-                sampling[f"ours-{backend}"].append(share)
-                print(f"[{algo} ours-{backend} seed {seed}] {steps} env steps: {rate:,.0f} steps/s, "
+            for backend, precision, name in runs:
+                rate, share = ours(algo, seed, steps, args.game, backend, precision)
+                rates[name].append(rate)
+                sampling[name].append(share)
+                print(f"[{algo} {name} seed {seed}] {steps} env steps: {rate:,.0f} steps/s, "
                       f"{100 * share:.0f}% of the time sampling", flush=True)
             rates["sb3"].append(sb3(algo, seed, steps, args.game))
             print(f"[{algo} sb3 seed {seed}] {steps} env steps: {rates['sb3'][-1]:,.0f} steps/s", flush=True)

@@ -139,7 +139,8 @@ def _to_host(results: dict[str, list[Mapping[str, Any]]]) -> dict[str, list[Mapp
     for t in tensors:
         groups.setdefault((t.device, t.dtype), []).append(t)
     for group in groups.values():
-        flat = torch.cat([t.detach().reshape(-1) for t in group]).cpu().numpy()
+        flat = torch.cat([t.detach().reshape(-1) for t in group]).cpu()
+        flat = (flat.float() if flat.dtype in (torch.bfloat16, torch.float16) else flat).numpy()  # bf16-mixed stats
         offset = 0
         for t in group:
             n = t.numel()

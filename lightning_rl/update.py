@@ -146,7 +146,9 @@ class UpdateStep:
         self.owner.manual_backward(loss)
         self._grads.all_reduce()
         if self.grad_clip is not None:
-            self.owner.clip_gradients(self.optimizer, self.grad_clip, gradient_clip_algorithm="norm")
+            # torch's norm clipping of the stepped parameters, as Lightning's ``clip_gradients`` does
+            # for 32-bit and bf16 training (where Lightning refuses it for fused optimizers)
+            torch.nn.utils.clip_grad_norm_(self._grads.params, self.grad_clip)
         self.optimizer.step()
 
     # ------------------------------------------------------------------ compiled path

@@ -181,9 +181,10 @@ def main(out: Path, mode: str) -> None:
                     encoder="tests.test_custom_network.TwoLayerEncoder",
                     rollout_fragment_length=16, sgd_minibatch_size=16, num_sgd_iter=2, total_env_steps=2 * 32 * 4,
                     **common)
-    elif mode == "pixels":  # uint8 image observations, the default CNN (IMPALA's for 16x16 frames)
+    elif mode == "pixels":  # uint8 image observations, the default CNN (IMPALA's for 16x16 frames), in bf16-mixed
         model = PPO(env=BrightSide, num_envs=2, rollout_fragment_length=16, sgd_minibatch_size=16, num_sgd_iter=2,
                     hiddens=(), vf_share_layers=True, total_env_steps=2 * 32 * 3, vectorization="sync", **common)
+        trainer_kwargs["precision"] = "bf16-mixed"
     elif mode == "spaces":  # Dict observations (flattened at the envs), MultiDiscrete actions with a start
         model = PPO(env=CueMatch, num_envs=2, rollout_fragment_length=16, sgd_minibatch_size=16, num_sgd_iter=2,
                     hiddens=(16,), total_env_steps=2 * 32 * 3, vectorization="sync", **common)

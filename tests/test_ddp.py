@@ -161,8 +161,8 @@ def test_dict_observations_and_multi_discrete_actions_under_ddp(tmp_path):
 
 
 def test_image_observations_and_a_cnn_under_ddp(tmp_path):
-    """PPO on uint8 frames (BrightSide, 16x16) with the default CNN: each rank samples its own
-    frames, both take the same steps and end with identical CNN weights."""
+    """PPO on uint8 frames (BrightSide, 16x16) with the default CNN, in bf16-mixed: each rank
+    samples its own frames, both take the same steps and end with identical CNN weights."""
     r0, r1, _ = run_ddp(tmp_path, "pixels", timeout=300)
     assert r0["params"] == r1["params"]
     assert r0["counters"]["num_grad_updates"] == r1["counters"]["num_grad_updates"] == 3 * 2 * 2

@@ -63,6 +63,7 @@ class TrainerWiring(pl.Callback):
     def on_fit_start(self, trainer: pl.Trainer, pl_module: Algorithm) -> None:
         pl_module.process_settings.apply(trainer.local_rank, trainer.num_devices, pl_module.device.type == "cpu")
         check_strategy(trainer)
+        check_precision(trainer)
         # Lightning turns "no limit given" into max_epochs=1000; with an env-step budget the
         # budget is the limit, so lift the epoch cap (a user's explicit max_epochs of 1000
         # is indistinguishable and is lifted too, as documented in the README).
@@ -91,3 +92,16 @@ class TrainerWiring(pl.Callback):
         dm = pl_module.active_datamodule
         if isinstance(dm, EnvDataModule) and dm is not trainer.datamodule:  # Lightning tells its own
             dm.on_exception(exception)
+
+
+SUPPORTED_PRECISION = ("32-true", "bf16-mixed")
+
+
+def check_precision(trainer: pl.Trainer) -> None:
+    """The learner trains in 32-bit or with bf16 autocast (``Trainer(precision="bf16-mixed")``:
+    convolutions and matrix products in bfloat16, weights, optimizer state and gradient
+    clipping in 32 bits); float16 needs a gradient scaler the learner's own clipping and
+    compiled step do not apply."""
+    if trainer.precision not in SUPPORTED_PRECISION:
+        raise ValueError(f"lightning_rl trains with precision {' or '.join(map(repr, SUPPORTED_PRECISION))}, got "
+                         f"{trainer.precision!r}")

@@ -1,0 +1,93 @@
+"""``Trainer(precision="bf16-mixed")``: the learner's forward and backward passes under bfloat16
+autocast, weights, optimizer state and clipping in float32; other precisions refused by name."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import pytorch_lightning as pl
+import torch
+
+from lightning_rl import DQN, IMPALA, PPO, SAC
+from lightning_rl.evaluation import evaluate
+from tests.image_envs import BrightSide
+from tests.test_pixels_dict import BrightSideSteer
+
+
+def _fit(model: pl.LightningModule, precision: str = "bf16-mixed") -> None:
+    pl.Trainer(max_epochs=-1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+               enable_model_summary=False, precision=precision).fit(model)
+
+
+def _first_conv(model: pl.LightningModule) -> torch.nn.Conv2d:
+    return next(m for m in model.modules() if isinstance(m, torch.nn.Conv2d))
+
+
+@pytest.mark.parametrize("make", [
+    lambda: PPO(env=BrightSide, seed=0, num_envs=2, rollout_fragment_length=16, sgd_minibatch_size=16,
+                total_env_steps=64, grad_clip=0.5),
+    lambda: DQN(env=BrightSide, seed=0, total_env_steps=96, learning_starts=32, train_freq=8, train_batch_size=8,
+                buffer_size=128),
+    lambda: IMPALA(env=BrightSide, seed=0, num_workers=0, num_envs=2, rollout_fragment_length=8,
+                   train_batch_size=16, total_env_steps=64),
+    lambda: SAC(env=BrightSideSteer, seed=0, total_env_steps=48, learning_starts=32, buffer_size=64,
+                train_batch_size=8, hiddens=(16,), iterations_per_epoch=16),
+], ids=["ppo", "dqn", "impala", "sac"])
+def test_bf16_mixed_trains_in_bfloat16_with_float32_weights(make):
+    model = make()
+    conv = _first_conv(model)
+    before = conv.weight.detach().clone()
+    seen: list[tuple[bool, torch.dtype]] = []
+    conv.register_forward_hook(lambda m, args, out: seen.append((torch.is_grad_enabled(), out.dtype)))
+    _fit(model)
+    learning = {dtype for grad, dtype in seen if grad}
+    assert learning == {torch.bfloat16}  # every forward that backpropagated ran under bf16 autocast
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert not torch.equal(before, conv.weight) and torch.isfinite(conv.weight).all()
+    for opt in model.trainer.optimizers:
+        assert all(v.dtype == torch.float32 for state in opt.state.values() for k, v in state.items() if k != "step")
+
+
+def test_a_cnn_policy_learns_in_bf16():
+    """The synthetic image task of tests/test_pixels.py, learned the same way in bf16-mixed."""
+    model = PPO(env=BrightSide, seed=0, total_env_steps=4096, num_envs=8, rollout_fragment_length=16,
+                sgd_minibatch_size=32, num_sgd_iter=4, hiddens=(), vf_share_layers=True, lr=1e-3, entropy_coeff=0.01)
+    _fit(model)
+    assert np.mean(evaluate(model, num_episodes=10, seed=123)) >= 15.0
+
+
+def test_grad_clip_bounds_the_update_in_bf16():
+    """Norm clipping still applies under bf16 autocast (Lightning's own refuses fused optimizers
+    under mixed precision): the one minibatch update clips the gradients' global norm to
+    ``grad_clip``; without ``grad_clip`` nothing is clipped."""
+    def run(clip: float | None) -> torch.Tensor:
+        model = PPO(env=BrightSide, seed=0, num_envs=2, rollout_fragment_length=16, sgd_minibatch_size=32,
+                    num_sgd_iter=1, total_env_steps=32, grad_clip=clip)
+        params = [p.detach().clone() for p in model.parameters()]
+        grads: list[torch.Tensor] = []
+        original = torch.nn.utils.clip_grad_norm_
+
+        def spy(parameters, max_norm, *args, **kwargs):  # the norm after clipping
+            parameters = list(parameters)
+            total = original(parameters, max_norm, *args, **kwargs)
+            grads.append(torch.sqrt(sum(p.grad.float().pow(2).sum() for p in parameters)))
+            return total
+
+        torch.nn.utils.clip_grad_norm_ = spy
+        try:
+            _fit(model)
+        finally:
+            torch.nn.utils.clip_grad_norm_ = original
+        assert any(not torch.equal(a, b) for a, b in zip(params, model.parameters()))
+        return torch.stack(grads) if grads else torch.zeros(0)
+
+    clipped = run(1e-3)
+    assert len(clipped) == 1 and clipped.item() <= 1e-3 * (1 + 1e-3)
+    assert len(run(None)) == 0
+
+
+@pytest.mark.parametrize("precision", ["64-true", "bf16-true"])
+def test_other_precisions_are_refused_by_name(precision):
+    model = PPO(env="CartPole-v1", seed=0, total_env_steps=64)
+    with pytest.raises(ValueError, match=f"precision '32-true' or 'bf16-mixed', got '{precision}'"):
+        _fit(model, precision)
