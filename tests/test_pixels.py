@@ -146,7 +146,7 @@ def test_a_cnn_policy_learns_the_synthetic_image_task(seed):
     """PPO with the default CNN (IMPALA's, for 16x16 frames) learns which half of the frame the
     bright square is in within 4,096 env steps: a random policy returns about 10 of 20."""
     model = PPO(env=BrightSide, seed=seed, total_env_steps=4096, num_envs=8, rollout_fragment_length=16,
-                sgd_minibatch_size=32, num_sgd_iter=4, hiddens=(), vf_share_layers=True, lr=1e-3, entropy_coeff=0.01)
+                sgd_minibatch_size=32, num_sgd_iter=4, hiddens=(), vf_share_layers=True, entropy_coeff=0.01)
     _fit(model)
     returns = evaluate(model, num_episodes=10, seed=123)
     assert np.mean(returns) >= 15.0, returns

@@ -126,7 +126,7 @@ def test_a_dict_image_policy_learns_the_synthetic_image_task(cameras):
     the answer being only in the image(s), within 4,096 env steps."""
     model = PPO(env=BrightSideDict, env_kwargs={"cameras": cameras}, seed=0, total_env_steps=4096, num_envs=8,
                 rollout_fragment_length=16, sgd_minibatch_size=32, num_sgd_iter=4, hiddens=(), vf_share_layers=True,
-                lr=1e-3, entropy_coeff=0.01)
+                entropy_coeff=0.01)
     _fit(model)
     returns = evaluate(model, num_episodes=10, seed=123)
     assert np.mean(returns) >= 15.0, returns

@@ -51,7 +51,7 @@ def test_bf16_mixed_trains_in_bfloat16_with_float32_weights(make):
 def test_a_cnn_policy_learns_in_bf16():
     """The synthetic image task of tests/test_pixels.py, learned the same way in bf16-mixed."""
     model = PPO(env=BrightSide, seed=0, total_env_steps=4096, num_envs=8, rollout_fragment_length=16,
-                sgd_minibatch_size=32, num_sgd_iter=4, hiddens=(), vf_share_layers=True, lr=1e-3, entropy_coeff=0.01)
+                sgd_minibatch_size=32, num_sgd_iter=4, hiddens=(), vf_share_layers=True, entropy_coeff=0.01)
     _fit(model)
     assert np.mean(evaluate(model, num_episodes=10, seed=123)) >= 15.0
 
