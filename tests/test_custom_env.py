@@ -177,10 +177,13 @@ def test_an_id_the_module_does_not_register_is_named(probe_dir):
 
 # ----------------------------------------------------------------------------- the README's commands
 def readme_commands() -> list[list[str]]:
-    """The ``lightning-rl`` lines of the README's "Custom env" bash block, split as a shell would."""
-    text = (ROOT / "README.md").read_text()
-    section = text.split("## Custom env", 1)[1].split("\n## ", 1)[0]
-    block = section.split("```bash", 1)[1].split("```", 1)[0].replace("\\\n", " ")
+    """The ``lightning-rl`` lines of the documented "Custom env" bash block (the one that trains
+    ``my_envs:GridTarget-v0``, in README.md or docs/), split as a shell would."""
+    from tests.doc_blocks import DOC_FILES, code_blocks
+
+    (block,) = [b.code for path in DOC_FILES for b in code_blocks(path)
+                if b.language == "bash" and "--model.env my_envs:GridTarget-v0" in b.code]
+    block = block.replace("\\\n", " ")
     lines = [re.sub(r"\s+#.*$", "", line).strip() for line in block.splitlines()]
     return [shlex.split(line) for line in lines if line.startswith(("lightning-rl", "PYTHONPATH="))]
 
