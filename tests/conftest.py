@@ -17,15 +17,12 @@ logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
 logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
 
 
-# The files that take most of the suite's time (seconds with 2 workers on 2 cores: about 590, 440,
-# 270, 420, 130 of the suite's 1020). With pytest-xdist's ``--dist loadfile --no-loadscope-reorder``
-# (setup.cfg) files are handed to the workers in collection order, so these start first and the many
-# short files fill in around them, rather than one worker starting a long file while the other has
-# nothing left to do. (A worker takes its next file as soon as at most 2 of its tests are left: the
-# worker that starts SAC's single test takes DQN's file at once, the other one test_ddp.py after two
-# of the on-policy learning tests.)
-LONGEST_FILES = ("test_learning_sac.py", "test_learning.py", "test_learning_dqn.py", "test_ddp.py", "test_cli.py",
-                 "test_async_faults.py", "test_impala_appo.py")
+# The files that take most of the default suite's time (the single-agent learning runs are ``slow``
+# and not in it). With pytest-xdist's ``--dist loadfile --no-loadscope-reorder`` (setup.cfg) files
+# are handed to the workers in collection order, so these start first and the many short files
+# fill in around them, rather than one worker starting a long file while the other has nothing
+# left to do.
+LONGEST_FILES = ("test_ddp.py", "test_cli.py", "test_async_faults.py", "test_impala_appo.py", "test_learning.py")
 
 
 # The files ``pytest -m quick`` leaves out (CONTRIBUTING.md): learning runs, 2-rank DDP launches,
