@@ -1,6 +1,7 @@
 """Docs that cannot rot: the site (``mkdocs.yml``, ``docs/``) builds with ``--strict`` (no broken
 link, anchor or reference, no docstring griffe cannot read), its hyperparameter reference is the
-algorithms' signatures, and every Python code block of README.md and docs/ runs.
+algorithms' signatures, every Python code block of README.md and docs/ runs, and every YAML
+config block builds its model.
 
 A block runs as written, in a fresh namespace, in a temporary directory, with ``examples/`` on
 ``sys.path`` (a block may import an example's module, as its text says) and gymnasium's registry
@@ -23,10 +24,13 @@ import pytorch_lightning as pl
 from tests.doc_blocks import DOC_FILES, ROOT, code_blocks
 
 PYTHON_BLOCKS = [b for path in DOC_FILES for b in code_blocks(path) if b.language in ("python", "py")]
+YAML_CONFIGS = [b for path in DOC_FILES for b in code_blocks(path)
+                if b.language in ("yaml", "yml") and "class_path: lightning_rl." in b.code]
 
 
 def test_the_docs_have_python_blocks_and_every_one_is_found():
-    assert len(PYTHON_BLOCKS) >= 2 and {b.path.name for b in PYTHON_BLOCKS if b.tagged} >= {"README.md"}
+    assert len(PYTHON_BLOCKS) >= 2 and len(YAML_CONFIGS) >= 1
+    assert {b.path.name for b in PYTHON_BLOCKS if b.tagged} >= {"README.md"}
     # a block in a language this test would not run must say what it is
     for path in DOC_FILES:
         for block in code_blocks(path):
@@ -53,6 +57,22 @@ def test_python_block_runs(block, tmp_path, monkeypatch):
     finally:
         gym.envs.registry.clear()
         gym.envs.registry.update(registry)
+
+
+@pytest.mark.parametrize("block", YAML_CONFIGS, ids=lambda b: b.name)
+def test_yaml_config_block_builds_its_model(block, monkeypatch):
+    """A documented config names a real algorithm, settings it takes (its model is built from them)
+    and ``pl.Trainer`` arguments that exist."""
+    import importlib
+
+    import yaml
+
+    monkeypatch.syspath_prepend(str(ROOT / "examples"))  # an encoder of an example's module
+    config = yaml.safe_load(block.code)
+    module, _, name = config["model"]["class_path"].rpartition(".")
+    getattr(importlib.import_module(module), name)(**config["model"].get("init_args", {}))
+    unknown = set(config.get("trainer") or {}) - set(inspect.signature(pl.Trainer.__init__).parameters)
+    assert not unknown, f"{block.name}: no such Trainer arguments {unknown}"
 
 
 def test_site_builds_strictly(tmp_path):

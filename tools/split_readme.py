@@ -33,6 +33,7 @@ class Page:
     title: str | None = None  # for a page of several sections, or a new title
     intro: str = ""
     optional: bool = False  # a section not in every README (written by hand until it is)
+    extra: str = ""  # text the page adds after the moved sections
 
 
 PAGES = [
@@ -42,7 +43,36 @@ PAGES = [
     Page("docs/guides/pixels.md", ["Pixels and Atari"]),
     Page("docs/guides/how-a-run-works.md", ["How a run is organised"]),
     Page("docs/guides/evaluation-checkpoints.md", ["Evaluation, checkpoints, resume"]),
-    Page("docs/guides/cli.md", ["Command line"], title="Command line and YAML configs"),
+    Page("docs/guides/cli.md", ["Command line"], title="Command line and YAML configs", extra="""
+## YAML configs
+
+A config file is the command line written as YAML: `model` names the algorithm (`class_path`)
+and its settings (`init_args`), `trainer` takes any `pl.Trainer` argument, and flags after
+`-c` override the file. Every algorithm has one in `examples/configs/`; `--print_config` prints
+the complete config of a command, every default included, to start a file of your own:
+
+```yaml
+# dqn.yaml
+model:
+  class_path: lightning_rl.DQN
+  init_args:
+    env: CartPole-v1
+    total_env_steps: 60000
+    evaluation_interval: 1
+trainer:
+  default_root_dir: runs/dqn
+seed_everything: 0
+```
+
+```bash
+lightning-rl fit -c dqn.yaml --model.init_args.lr 5e-4
+lightning-rl fit --model DQN --model.env CartPole-v1 --print_config > dqn_full.yaml
+```
+
+A network of your own goes in the same way (`encoder: {class_path: ..., init_args: ...}`, see
+[custom network](custom-network.md)), and `--model.help DQN` lists every setting with its
+description (the [hyperparameter reference](../reference/hyperparameters.md)).
+"""),
     Page("docs/guides/custom-env.md", ["Custom env"]),
     Page("docs/guides/custom-network.md", ["Custom network"]),
     Page("docs/guides/normalization.md", ["Normalization"]),
@@ -155,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
             text = f"# {page.title}\n{mine[0][1]}"
         else:
             text = f"# {page.title}\n\n{page.intro}\n" + "".join(f"## {h}\n{b}" for h, b in mine)
-        written[page.path] = rewrite_links(text, page.path, anchors).rstrip("\n") + "\n"
+        text = rewrite_links(text, page.path, anchors).rstrip("\n") + "\n"
+        written[page.path] = text + page.extra if page.extra else text
 
     for page, old, new in EDITS:
         if page not in written or old not in written[page]:
