@@ -1,6 +1,6 @@
-"""Learning robustness across seeds: every README learning configuration, several seeds each.
+"""Learning robustness across seeds: every configuration of the learning table, several seeds each.
 
-The configurations are those of ``tests/test_learning*.py`` (the README's learning table):
+The configurations are those of ``tests/test_learning*.py`` (the learning table of docs/algorithms.md):
 
 * ``ppo_cartpole``: PPO on CartPole-v1 at rl-zoo's settings, 100k env steps;
 * ``a2c_cartpole``: A2C on CartPole-v1 at rl-zoo's settings (the defaults), 500k env steps;
@@ -117,7 +117,7 @@ FINAL_SEED_OFFSET = 10_000  # final evaluation env seed = run seed + this (valid
 
 @dataclass(frozen=True)
 class Config:
-    """One README learning configuration: what to build, its budget and its solve threshold."""
+    """One learning configuration: what to build, its budget and its solve threshold."""
 
     label: str
     algo: type[RLModule]
@@ -195,7 +195,7 @@ def iterations_per_epoch(config: Config, scale: float) -> int:
 
 
 def build(name: str, seed: int, scale: float, compile: bool = False) -> RLModule:
-    """The README configuration ``name`` with ``seed`` and greedy evaluation every epoch; ``compile``
+    """The configuration ``name`` with ``seed`` and greedy evaluation every epoch; ``compile``
     runs its updates as compiled graphs (the ``compile`` hyperparameter)."""
     config = CONFIGS[name]
     return config.algo(

@@ -67,7 +67,7 @@ class TrainerWiring(pl.Callback):
         check_strategy(trainer)
         # Lightning turns "no limit given" into max_epochs=1000; with an env-step budget the
         # budget is the limit, so lift the epoch cap (a user's explicit max_epochs of 1000
-        # is indistinguishable and is lifted too, as documented in the README).
+        # is indistinguishable and is lifted too, as docs/guides/how-a-run-works.md says).
         if pl_module.total_env_steps and trainer.fit_loop.max_epochs == 1000 and trainer.max_steps == -1:
             trainer.fit_loop.max_epochs = -1
 
