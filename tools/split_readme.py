@@ -113,6 +113,10 @@ EDITS: list[tuple[str, str, str]] = [
     ("docs/benchmarks.md", "| ours eager | ours `compile=True` |", "| eager | `compile=True` |"),
     ("docs/benchmarks.md", "s-to-solve ours compiled / SB3", "s-to-solve lightning_rl compiled / SB3"),
     ("docs/benchmarks.md", "runs ours and SB3 alternately", "runs lightning_rl and SB3 alternately"),
+    # written after the move (the text the docs hold since)
+    ("docs/guides/how-a-run-works.md", "you pass becomes the\n  env-step bar with its settings.",
+     "you pass becomes the\n  env-step bar with its settings, and so does a plain `RichProgressBar` (Lightning's "
+     "default\n  when `rich` is installed), with its `leave` (`tests/test_logging.py`)."),
 ]
 
 

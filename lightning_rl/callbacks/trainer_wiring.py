@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import pytorch_lightning as pl
-from pytorch_lightning.callbacks import ModelSummary, TQDMProgressBar
+from pytorch_lightning.callbacks import ModelSummary, RichProgressBar, TQDMProgressBar
 from pytorch_lightning.utilities import rank_zero_info
 
 from lightning_rl.callbacks.episodes import RolloutMetricsCallback
@@ -56,7 +56,7 @@ class TrainerWiring(pl.Callback):
             added.append(InterruptCheckpoint(resume_command=module.resume_command))
         # Swapped in the Trainer's list, not returned (that prints an "override" notice).
         for i, cb in enumerate(trainer.callbacks):
-            if type(cb) is TQDMProgressBar:
+            if type(cb) in (TQDMProgressBar, RichProgressBar):  # Lightning's default: Rich when rich is installed
                 trainer.callbacks[i] = EnvStepProgressBar.like(cb)
             elif type(cb) is ModelSummary and cb._max_depth == 1:  # Lightning's default
                 trainer.callbacks[i] = ModelSummary(max_depth=2)
