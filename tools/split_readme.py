@@ -114,6 +114,11 @@ EDITS: list[tuple[str, str, str]] = [
     ("docs/benchmarks.md", "s-to-solve ours compiled / SB3", "s-to-solve lightning_rl compiled / SB3"),
     ("docs/benchmarks.md", "runs ours and SB3 alternately", "runs lightning_rl and SB3 alternately"),
     # written after the move (the text the docs hold since)
+    ("docs/algorithms.md", "averaged) ≥ 475 | CI |", "averaged) ≥ 475 | `slow` |"),
+    ("docs/algorithms.md", "test_learning*.py` runs them)", "test_learning*.py tests/test_ddp.py` runs them)"),
+    ("docs/benchmarks.md", "\nThe same with every update compiled (",
+     "\nDD-PPO on 2 CPU ranks (`--algos ddppo_cartpole`, the settings of the DD-PPO learning test) has no\n"
+     "row yet: the benchmark runs it since the test became `slow`.\n\nThe same with every update compiled ("),
     ("docs/guides/how-a-run-works.md", "you pass becomes the\n  env-step bar with its settings.",
      "you pass becomes the\n  env-step bar with its settings, and so does a plain `RichProgressBar` (Lightning's "
      "default\n  when `rich` is installed), with its `leave` (`tests/test_logging.py`)."),
