@@ -1,6 +1,6 @@
-"""Learning robustness across seeds: every README learning configuration, several seeds each.
+"""Learning robustness across seeds: every configuration of the learning table, several seeds each.
 
-The configurations are those of ``tests/test_learning*.py`` (the README's learning table):
+The configurations are those of ``tests/test_learning*.py`` (the learning table of docs/algorithms.md):
 
 * ``ppo_cartpole``: PPO on CartPole-v1 at rl-zoo's settings, 100k env steps;
 * ``a2c_cartpole``: A2C on CartPole-v1 at rl-zoo's settings (the defaults), 500k env steps;
@@ -11,15 +11,19 @@ The configurations are those of ``tests/test_learning*.py`` (the README's learni
   decayed it; not run by default, ``--algos dqn_cartpole_constant_lr``);
 * ``sac_pendulum``: SAC on Pendulum-v1, the defaults, 20k env steps;
 * ``impala_cartpole``: IMPALA on CartPole-v1, the defaults (2 sampler worker processes), 500k env steps;
-* ``appo_cartpole``: APPO on CartPole-v1, the defaults (2 sampler worker processes), 500k env steps.
+* ``appo_cartpole``: APPO on CartPole-v1, the defaults (2 sampler worker processes), 500k env steps;
+* ``ddppo_cartpole``: DD-PPO, PPO on CartPole-v1 under DDP on 2 CPU ranks (gloo), 4 envs per rank,
+  100k global env steps (the settings of ``tests/test_ddp.py``'s learning test).
 
 The async runs (IMPALA, APPO) are not deterministic: the order in which the workers' fragments
 reach the learner depends on timing. Each takes three processes (the learner and two samplers),
 so it runs alone: a run starts only while the processes of the runs in flight, its own included,
 fit in ``--workers`` (or when nothing else runs).
 
-DD-PPO (2 CPU ranks under DDP) is left out: each run here is one process, and a DDP run would
-need two cores of its own; ``tests/test_ddp.py`` covers it.
+A DD-PPO run is two processes (Lightning's DDP launcher starts the second rank as a copy of the
+run's command, on a free port of its own); like an async run it counts as that many against
+``--workers``. Its env steps and curve are global (both ranks), its evaluation the mean over ranks,
+and rank 0 reports it.
 
 Each (configuration, seed) run is its own Python process (at most ``--workers`` at a time, one
 torch thread each) that builds the module with ``seed``, fits it with a quiet Trainer (no
@@ -68,6 +72,7 @@ import math
 import os
 import platform
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -92,6 +97,8 @@ def die_with_parent() -> None:
     if sys.platform.startswith("linux"):
         pr_set_pdeathsig = 1
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if int(os.environ.get("LOCAL_RANK", "0")) > 0:
+        return  # a DDP rank that rank 0 started: rank 0 is its parent, and it dies with that one
     if os.getppid() != int(parent):  # the parent died before prctl
         os._exit(1)
 
@@ -117,7 +124,7 @@ FINAL_SEED_OFFSET = 10_000  # final evaluation env seed = run seed + this (valid
 
 @dataclass(frozen=True)
 class Config:
-    """One README learning configuration: what to build, its budget and its solve threshold."""
+    """One learning configuration: what to build, its budget and its solve threshold."""
 
     label: str
     algo: type[RLModule]
@@ -128,6 +135,7 @@ class Config:
     target_return: float | None = None  # final greedy return a seed must end at, where there is a target
     required: float | None = None  # fraction of seeds that must reach ``target_return``
     processes: int = 1  # processes one run keeps busy (async: the learner and its sampler workers)
+    devices: int = 1  # DDP ranks (CPU, gloo)
 
     def params(self) -> dict[str, Any]:
         """The settings over the class defaults."""
@@ -138,13 +146,14 @@ class Config:
         return {**params, **self.settings}
 
     def steps_per_iteration(self) -> int:
-        """Env steps trained per training iteration (an async batch: whole fragments, rounded up)."""
+        """Global env steps trained per training iteration (an async batch: whole fragments, rounded
+        up; under DDP every rank's)."""
         params = self.params()
         per_env = params["rollout_fragment_length"] if "rollout_fragment_length" in params else params["train_freq"]
         fragment = int(params["num_envs"]) * int(per_env)
         if "num_workers" in params:
-            return math.ceil(int(params["train_batch_size"]) / fragment) * fragment
-        return fragment
+            return math.ceil(int(params["train_batch_size"]) / fragment) * fragment * self.devices
+        return fragment * self.devices
 
 
 CONFIGS: dict[str, Config] = {
@@ -181,6 +190,12 @@ CONFIGS: dict[str, Config] = {
         "APPO CartPole-v1, defaults, 2 workers", APPO, 500_000, 475.0, dict(env="CartPole-v1"), est_s=45,
         target_return=400.0, required=0.8, processes=3,
     ),
+    "ddppo_cartpole": Config(
+        "DD-PPO CartPole-v1, 2 CPU ranks", PPO, 100_000, 475.0,
+        dict(env="CartPole-v1", num_envs=4, rollout_fragment_length=32, num_sgd_iter=20, sgd_minibatch_size=128,
+             lr=1e-3, lr_schedule="linear", clip_param_schedule="linear", gamma=0.98, lambda_=0.8),
+        est_s=120, processes=2, devices=2,
+    ),
 }
 
 
@@ -195,7 +210,7 @@ def iterations_per_epoch(config: Config, scale: float) -> int:
 
 
 def build(name: str, seed: int, scale: float, compile: bool = False) -> RLModule:
-    """The README configuration ``name`` with ``seed`` and greedy evaluation every epoch; ``compile``
+    """The configuration ``name`` with ``seed`` and greedy evaluation every epoch; ``compile``
     runs its updates as compiled graphs (the ``compile`` hyperparameter)."""
     config = CONFIGS[name]
     return config.algo(
@@ -222,8 +237,8 @@ class GreedyCurve(pl.Callback):
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.sanity_checking:
             return
-        value = trainer.callback_metrics["val/episode_return_mean"]
-        self.points.append((int(pl_module.counters["num_env_steps_sampled"]), float(value)))
+        value = trainer.callback_metrics["val/episode_return_mean"]  # under DDP the mean over ranks
+        self.points.append((int(pl_module.global_counters["num_env_steps_sampled"]), float(value)))
 
 
 def run_one(name: str, seed: int, scale: float, result_path: Path, compile: bool = False) -> None:
@@ -233,17 +248,23 @@ def run_one(name: str, seed: int, scale: float, result_path: Path, compile: bool
     start = time.perf_counter()
     model = build(name, seed, scale, compile)
     curve = GreedyCurve()
+    devices = CONFIGS[name].devices
+    # DDP: Lightning starts rank 1 as a copy of this process's command line (with its rank in the env)
+    strategy = dict(strategy="ddp", devices=devices) if devices > 1 else dict(devices=1)
     with tempfile.TemporaryDirectory(prefix="lightning_rl_learning_") as root:
         trainer = pl.Trainer(
-            accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-            enable_model_summary=False, num_sanity_val_steps=0, callbacks=[curve], default_root_dir=root,
+            accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+            enable_model_summary=False, num_sanity_val_steps=0, callbacks=[curve], default_root_dir=root, **strategy,
         )
         fit_start = time.perf_counter()
         trainer.fit(model)
         fit_s = time.perf_counter() - fit_start
+    if trainer.global_rank != 0:
+        return  # rank 0 reports the run
     returns = evaluate(model, num_episodes=FINAL_EPISODES, seed=seed + FINAL_SEED_OFFSET)
     result = {
-        "config": name, "seed": seed, "compile": compile, "env_steps": int(model.counters["num_env_steps_sampled"]),
+        "config": name, "seed": seed, "compile": compile,
+        "env_steps": int(model.global_counters["num_env_steps_sampled"]),
         "iterations_per_epoch": iterations_per_epoch(CONFIGS[name], scale), "curve": curve.points,
         "final_returns": returns, "final_mean": float(np.mean(returns)), "final_std": float(np.std(returns)),
         "fit_s": fit_s, "wall_s": time.perf_counter() - start,
@@ -283,11 +304,19 @@ def start_run(name: str, seed: int, scale: float, workdir: Path, compile: bool) 
         "--result", str(result_path), *(["--compile"] if compile else []),
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", PARENT_PID_ENV: str(os.getpid())}
+    if CONFIGS[name].devices > 1:  # a DDP run's own rendezvous port, so that two at a time do not collide
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     with open(log_path, "wb") as log:
         # Own session: Ctrl-C reaches only this process, which then kills the runs itself.
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=env, start_new_session=True)
     return Running(name, seed, proc, log_path, result_path, time.perf_counter())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def stop_all(running: list[Running]) -> None:

@@ -1,7 +1,7 @@
 """Observation normalization on a badly scaled env: PPO with and without ``normalize_observations``.
 
 The env is ``tests/test_normalization.py``'s ``scaled_cartpole`` (CartPole-v1 with observations
-``1000 * obs + 500``); PPO runs at the README's CartPole settings (rl-zoo's), as the CI test
+``1000 * obs + 500``); PPO runs at rl-zoo's CartPole settings (docs/algorithms.md's), as the CI test
 does, for ``--budget`` env steps (default 150k), with a greedy evaluation (10 episodes) every 10
 iterations and an early stop once one averages 475. Each (setting, seed) run is its own process,
 at most ``--workers`` at a time, one torch thread each.

@@ -2,7 +2,7 @@
 
 The policy sees only the cart position and the pole angle; it must remember earlier steps to
 infer the velocities. A feed-forward PPO cannot, and stays far below what the recurrent one
-reaches (the README gives both over seeds).
+reaches (docs/guides/recurrent.md gives both over seeds).
 
     python examples/ppo_lstm_cartpole.py                  # 300k env steps
     python examples/ppo_lstm_cartpole.py --no-lstm        # the same PPO without the LSTM

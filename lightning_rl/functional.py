@@ -371,8 +371,10 @@ def discounted_returns(rewards: Tensor, dones: Tensor, valid: Tensor, carry: Ten
     ``normalize_rewards`` takes the std of.
 
     Args:
-        rewards, dones, valid: ``[T, N]``; ``valid`` False on next-step autoreset's reset rows
-            (their return is 0 and they are left out of the statistics by the caller).
+        rewards: ``[T, N]``.
+        dones: ``[T, N]``.
+        valid: ``[T, N]``, False on next-step autoreset's reset rows (their return is 0 and
+            they are left out of the statistics by the caller).
         carry: ``[N]`` float64 returns before the first step.
 
     Returns:

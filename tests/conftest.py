@@ -17,21 +17,33 @@ logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
 logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
 
 
-# The files that take most of the suite's time (seconds with 2 workers on 2 cores: about 590, 440,
-# 270, 420, 130 of the suite's 1020). With pytest-xdist's ``--dist loadfile --no-loadscope-reorder``
-# (setup.cfg) files are handed to the workers in collection order, so these start first and the many
-# short files fill in around them, rather than one worker starting a long file while the other has
-# nothing left to do. (A worker takes its next file as soon as at most 2 of its tests are left: the
-# worker that starts SAC's single test takes DQN's file at once, the other one test_ddp.py after two
-# of the on-policy learning tests.)
-LONGEST_FILES = ("test_learning_sac.py", "test_learning.py", "test_learning_dqn.py", "test_ddp.py", "test_cli.py",
-                 "test_async_faults.py", "test_impala_appo.py")
+# The files that take most of the default suite's time (the single-agent learning runs are ``slow``
+# and not in it). With pytest-xdist's ``--dist loadfile --no-loadscope-reorder`` (setup.cfg) files
+# are handed to the workers in collection order, so these start first and the many short files
+# fill in around them, rather than one worker starting a long file while the other has nothing
+# left to do.
+LONGEST_FILES = ("test_ddp.py", "test_cli.py", "test_async_faults.py", "test_impala_appo.py", "test_learning.py")
+
+
+# The files ``pytest -m quick`` leaves out (CONTRIBUTING.md): learning runs, 2-rank DDP launches,
+# CLI and example subprocesses, sampler-process faults, real Atari games, the package build and
+# the docs site. Every other test not marked ``slow`` is marked ``quick``.
+LONG_FILES = frozenset({
+    *LONGEST_FILES, "test_examples.py", "test_packaging.py", "test_docs.py", "test_atari.py", "test_interrupt.py",
+    "test_compile.py", "test_custom_env.py", "test_custom_network.py", "test_checkpoint_safety.py",
+    "test_env_faults.py", "test_async.py", "test_async_resume.py", "test_apex_a3c.py", "test_normalization.py",
+    "test_recurrent.py", "test_plot_record.py", "test_benchmark_scripts.py", "test_learning_seeds.py",
+})
 
 
 def pytest_collection_modifyitems(config, items):
-    """Collect ``LONGEST_FILES`` first, in that order; each file's tests keep their own order."""
+    """Collect ``LONGEST_FILES`` first, in that order; each file's tests keep their own order. Mark
+    ``quick`` every test outside ``LONG_FILES`` that is not ``slow``."""
     rank = {name: i for i, name in enumerate(LONGEST_FILES)}
     items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST_FILES)))
+    for item in items:
+        if item.path.name not in LONG_FILES and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.quick)
 
 
 def quiet_trainer(**kwargs) -> pl.Trainer:

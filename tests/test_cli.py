@@ -130,7 +130,7 @@ def warning_lines(stderr: str) -> list[str]:
 
 
 def test_a_normal_fit_validate_resume_record_and_python_fit_print_no_warnings(tmp_path):
-    """The CLI's fit (with a ModelCheckpoint of its own, as the README's SB3 block has), validate
+    """The CLI's fit (with a ModelCheckpoint of its own, as the SB3 block of docs/guides/from-sb3.md has), validate
     from its checkpoint, resuming it into the next version folder, record; and an example script
     (the Python API)."""
     config = ROOT / "examples" / "configs" / "ppo_cartpole.yaml"

@@ -1,6 +1,6 @@
 """Custom envs by ``"module:Id-v0"`` with ``env_kwargs``: the kwargs reach every place that makes
 envs (training, async workers, evaluation, recording, a registered vector_entry_point), a
-checkpoint reloads the same env, and the README's "Custom env" commands run as written."""
+checkpoint reloads the same env, and the commands of docs/guides/custom-env.md run as written."""
 
 from __future__ import annotations
 
@@ -175,12 +175,15 @@ def test_an_id_the_module_does_not_register_is_named(probe_dir):
         PPO(env=f"{MODULE}:Nope-v0", env_kwargs={"size": 2})
 
 
-# ----------------------------------------------------------------------------- the README's commands
+# ----------------------------------------------------------------------------- the documented commands
 def readme_commands() -> list[list[str]]:
-    """The ``lightning-rl`` lines of the README's "Custom env" bash block, split as a shell would."""
-    text = (ROOT / "README.md").read_text()
-    section = text.split("## Custom env", 1)[1].split("\n## ", 1)[0]
-    block = section.split("```bash", 1)[1].split("```", 1)[0].replace("\\\n", " ")
+    """The ``lightning-rl`` lines of the documented "Custom env" bash block (the one that trains
+    ``my_envs:GridTarget-v0``, in README.md or docs/), split as a shell would."""
+    from tests.doc_blocks import DOC_FILES, code_blocks
+
+    (block,) = [b.code for path in DOC_FILES for b in code_blocks(path)
+                if b.language == "bash" and "--model.env my_envs:GridTarget-v0" in b.code]
+    block = block.replace("\\\n", " ")
     lines = [re.sub(r"\s+#.*$", "", line).strip() for line in block.splitlines()]
     return [shlex.split(line) for line in lines if line.startswith(("lightning-rl", "PYTHONPATH="))]
 
@@ -202,7 +205,7 @@ def test_readme_custom_env_commands_train_validate_and_record_a_gif(tmp_path):
     assert [c[c.index("lightning-rl") + 1] for c in commands] == ["fit", "validate", "record"]
     fit, validate, record_ = (c[c.index("lightning-rl") + 1:] for c in commands)
     assert "--model.env_kwargs" in fit
-    # the README's run, cut to 2 iterations of 2 envs (later flags override earlier ones)
+    # the documented run, cut to 2 iterations of 2 envs (later flags override earlier ones)
     run_cli([*fit, "--model.total_env_steps", "128", "--model.num_envs", "2", "--model.rollout_fragment_length",
              "32", "--model.iterations_per_epoch", "2", "--model.num_sgd_iter", "1",
              "--model.evaluation_num_episodes", "2", "--trainer.num_sanity_val_steps", "0"], cwd=tmp_path)

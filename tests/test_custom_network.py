@@ -142,7 +142,7 @@ def test_unimportable_encoder_must_be_passed_again_on_load(tmp_path):
 
 
 def test_encoder_from_yaml_trains_validates_records_and_resumes(tmp_path):
-    """The README's custom-network config through the CLI, each step a subprocess."""
+    """The documented custom-network config (docs/guides/custom-network.md) through the CLI, each step a subprocess."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "examples"), str(ROOT)])}
 
     def cli(*args: str) -> str:

@@ -259,6 +259,7 @@ def test_resuming_a_ddp_checkpoint_on_one_process_reseeds_with_a_warning(resumed
     assert model.counters["num_iterations"] > first[0]["counters"]["num_iterations"]
 
 
+@pytest.mark.slow  # minutes: kept out of CI; benchmarks/learning.py --algos ddppo_cartpole runs it over seeds
 @pytest.mark.timeout(1500)  # above the run's own 1200 s limit, which reports the run's output
 def test_ddp_ppo_cartpole_learns_within_the_same_global_budget(tmp_path):
     """Greedy evaluation (5 episodes per rank, averaged over ranks) every 1280 global env steps."""

@@ -1,5 +1,6 @@
 """Every example script runs (short budgets) and writes TensorBoard logs (CSV without tensorboard,
-through ``default_logger``); the README's snippets run and its commands name one checkpoint file."""
+through ``default_logger``); the README's and the docs' tagged snippets run (tests/test_docs.py runs the
+others) and their commands name one checkpoint file."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ddp_subprocess_env
+from tests.doc_blocks import DOC_FILES, code_blocks, doc_block
 from tests.test_env_faults import live_pids
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -54,16 +56,9 @@ def test_ddp_example_runs_on_two_cpu_processes(tmp_path):
     assert list(tmp_path.glob("ppo_ddp/version_0/events.out.tfevents.*"))
 
 
-def readme_block(tag: str) -> str:
-    """The code block after ``<!-- test: tag -->`` in README.md."""
-    lines = (EXAMPLES.parent / "README.md").read_text().splitlines()
-    start = lines.index(f"<!-- test: {tag} -->") + 2  # past the marker and the opening fence
-    return "\n".join(lines[start:lines.index("```", start)])
-
-
 def test_readme_first_block_runs(tmp_path, monkeypatch):
     """The README's first snippet, with a 512-step budget: it trains, and acts on an observation it defines."""
-    code = readme_block("quickstart")
+    code = doc_block("quickstart")
     assert "lambda_=0.8, seed=0)" in code
     monkeypatch.chdir(tmp_path)
     scope: dict = {}
@@ -75,16 +70,16 @@ def test_readme_first_block_runs(tmp_path, monkeypatch):
 
 
 def test_readme_coming_from_sb3_block_runs(tmp_path, monkeypatch):
-    """The README's side-by-side with SB3, with a 2,048-step budget: trains, predicts one valid
+    """The side-by-side with SB3 (docs), with a 2,048-step budget: trains, predicts one valid
     action, saves, and the reloaded model (normalization statistics included) acts the same."""
     import numpy as np
     import torch
 
-    code = readme_block("sb3")
+    code = doc_block("sb3")
     assert "total_env_steps=100_000" in code
     monkeypatch.chdir(tmp_path)
     scope: dict = {}
-    exec(compile(code.replace("total_env_steps=100_000", "total_env_steps=2_048"), "README.md", "exec"), scope)
+    exec(compile(code.replace("total_env_steps=100_000", "total_env_steps=2_048"), "sb3", "exec"), scope)
     model, loaded, action = scope["model"], scope["loaded"], scope["action"]
     assert model.counters["num_env_steps_sampled"] >= 2048 and np.ndim(action) == 0 and action in (0, 1)
     assert scope["best"].best_model_path and (tmp_path / "ppo_cartpole.ckpt").is_file()
@@ -105,14 +100,14 @@ def test_examples_log_to_csv_without_tensorboard(tmp_path, monkeypatch):
 
 
 def readme_shell_commands() -> list[list[str]]:
-    """Every command of README.md's ``bash``/``sh``/``shell``/``console`` code blocks, as the shell
-    splits it (continuation lines joined, comments dropped)."""
-    import re
+    """Every command of the ``bash``/``sh``/``shell``/``console`` code blocks of README.md and
+    docs/, as the shell splits it (continuation lines joined, comments dropped)."""
     import shlex
 
-    text = (EXAMPLES.parent / "README.md").read_text()
     commands = []
-    for block in re.findall(r"^```(?:bash|sh|shell|console)[ \t]*\n(.*?)^```", text, flags=re.MULTILINE | re.DOTALL):
+    shells = ("bash", "sh", "shell", "console")
+    blocks = [b.code for path in DOC_FILES for b in code_blocks(path) if b.language in shells]
+    for block in blocks:
         for line in block.replace("\\\n", " ").splitlines():
             words = shlex.split(line.removeprefix("$ "), comments=True)
             if words:
@@ -129,7 +124,7 @@ def ckpt_path_arguments(words: list[str]) -> list[str]:
 
 def test_readme_commands_name_one_checkpoint_file_never_a_glob():
     """Every fit writes ``epoch=...ckpt`` and ``last.ckpt``, so ``checkpoints/*.ckpt`` expands to
-    two paths and the command fails: a README command names one file."""
+    two paths and the command fails: a documented command names one file."""
     import glob
 
     paths = [value for words in readme_shell_commands() for value in ckpt_path_arguments(words)]

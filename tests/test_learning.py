@@ -1,9 +1,10 @@
 """Learning tests, on-policy (PPO, A2C): seeded runs with env-step budgets (never wall-clock limits).
 
-Failures print the learning curve. All run in CI; the off-policy ones are in
-tests/test_learning_dqn.py and tests/test_learning_sac.py, files of their own so that pytest-xdist
-(``--dist loadfile``) runs them on other workers than these, and the 2-rank DDP learning run is in
-tests/test_ddp.py.
+Failures print the learning curve. The single-agent runs take minutes each: they are ``slow``,
+kept out of CI (``python -m pytest -m slow tests/test_learning*.py``), and ``benchmarks/learning.py``
+runs the same configurations over 5 seeds (its table: docs/benchmarks.md). The multi-agent
+example's 40k-step run stays in CI. The off-policy ones are in tests/test_learning_dqn.py and
+tests/test_learning_sac.py, and the 2-rank DDP learning run is in tests/test_ddp.py.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ def ppo_pendulum(**kwargs) -> PPO:
     return PPO(**{**settings, **kwargs})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
 def test_ppo_cartpole_solves_within_100k_steps(compile):
     model = ppo_cartpole(compile=compile)
@@ -66,18 +68,21 @@ def test_ppo_cartpole_solves_within_100k_steps(compile):
     assert curve.best() >= 475, str(curve)
 
 
+@pytest.mark.slow
 def test_ppo_cartpole_sync_vector_env_solves_too():
     model = ppo_cartpole(vectorization="sync", seed=1)
     curve = train(model)
     assert curve.best() >= 475, str(curve)
 
 
+@pytest.mark.slow
 def test_a2c_cartpole_solves_within_500k_steps():
     model = A2C(env="CartPole-v1", num_envs=8, rollout_fragment_length=5, seed=0, total_env_steps=500_000)
     curve = train(model)
     assert curve.best() >= 475, str(curve)
 
 
+@pytest.mark.slow
 def test_ppo_pendulum_reaches_minus_250_within_300k():
     model = ppo_pendulum()
     curve = train(model)

@@ -1,4 +1,6 @@
-"""Learning test, DQN: a seeded run with an env-step budget (never a wall-clock limit).
+"""Learning test, DQN: a seeded run with an env-step budget (never a wall-clock limit); ``slow``,
+kept out of CI like the other single-agent learning runs (tests/test_learning.py), and run over 5
+seeds by ``benchmarks/learning.py``.
 
 The on-policy ones are in tests/test_learning.py, SAC's in tests/test_learning_sac.py.
 """
@@ -14,7 +16,7 @@ from tests.conftest import quiet_trainer
 
 # A budget of env steps, not of time: pytest-timeout's global 900 s (a hang guard) is too tight when
 # pytest-xdist's workers share the cores with each other and with DDP ranks.
-pytestmark = pytest.mark.timeout(1800)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 
 def test_dqn_cartpole_greedy_475_within_60k_steps():

@@ -1,7 +1,7 @@
 """Learning test, SAC: a seeded run with an env-step budget (never a wall-clock limit).
 
-The suite's longest test (about 500 s on one core): a file of its own, so that pytest-xdist
-(``--dist loadfile``) starts it first and runs everything else on the other workers meanwhile.
+The suite's longest test (about 500 s on one core): ``slow``, kept out of CI like the other
+single-agent learning runs (tests/test_learning.py), and run over 5 seeds by ``benchmarks/learning.py``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from tests.test_learning import train
 
 # A budget of env steps, not of time: pytest-timeout's global 900 s (a hang guard) is too tight when
 # pytest-xdist's workers share the cores with each other and with DDP ranks.
-pytestmark = pytest.mark.timeout(1800)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 
 def test_sac_pendulum_greedy_minus_200_within_20k_steps():

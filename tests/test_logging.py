@@ -161,6 +161,25 @@ def test_a_users_progress_bar_is_kept_and_a_plain_one_keeps_its_settings(tmp_pat
     assert type(trainer.progress_bar_callback) is EnvStepProgressBar and trainer.progress_bar_callback.refresh_rate == 3
 
 
+def test_lightnings_rich_default_bar_becomes_the_env_step_bar_too(tmp_path):
+    """With ``rich`` installed (the test extra's twine brings it) Lightning's default progress bar
+    is a ``RichProgressBar``: it becomes the env-step bar as the plain tqdm one does (refreshed every
+    iteration, as tqdm's default; a Rich bar's refresh rate counts something else), with its ``leave``."""
+    from pytorch_lightning.callbacks import RichProgressBar
+    from pytorch_lightning.utilities.imports import _RICH_AVAILABLE
+
+    assert _RICH_AVAILABLE
+    trainer = quiet_trainer(enable_progress_bar=True, default_root_dir=tmp_path, max_steps=1)
+    assert type(trainer.progress_bar_callback) is RichProgressBar  # Lightning's default here
+    trainer.fit(tiny_ppo(None))
+    assert type(trainer.progress_bar_callback) is EnvStepProgressBar
+    trainer = quiet_trainer(enable_progress_bar=True, default_root_dir=tmp_path, max_steps=1,
+                            callbacks=[RichProgressBar(leave=True)])
+    trainer.fit(tiny_ppo(None))
+    bar = trainer.progress_bar_callback
+    assert type(bar) is EnvStepProgressBar and bar.refresh_rate == 1 and bar._leave
+
+
 def test_learner_info_is_logged_on_the_iterations_lightning_writes_fresh_and_resumed(tmp_path):
     """``should_log`` reads public loop progress; it agrees with Lightning's own logger cadence
     (its private ``should_update_logs``, the oracle) on every iteration, and after a resume."""

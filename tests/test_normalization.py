@@ -163,9 +163,9 @@ def test_each_flag_changes_only_its_part():
 
 
 def test_scaled_cartpole_solved_with_normalized_observations():
-    """CartPole with observations ``1000 * obs + 500``: PPO at the README's CartPole settings with
+    """CartPole with observations ``1000 * obs + 500``: PPO at rl-zoo's CartPole settings with
     normalize_observations=True reaches a greedy return of 475 within 150k env steps (it stops
-    there); see the README for what the same run reaches without normalization."""
+    there); docs/guides/normalization.md gives what the same run reaches without normalization."""
     model = PPO(env=scaled_cartpole, normalize_observations=True, seed=0, total_env_steps=150_000, num_envs=8,
                 rollout_fragment_length=32, num_sgd_iter=20, sgd_minibatch_size=256, lr=1e-3, lr_schedule="linear",
                 clip_param_schedule="linear", gamma=0.98, lambda_=0.8, iterations_per_epoch=10,

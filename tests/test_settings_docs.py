@@ -79,3 +79,29 @@ def test_a_class_without_args_gets_a_section():
     document_settings(Bare)
     params = {p.arg_name: p.description for p in docstring_parser.parse(Bare.__doc__).params}
     assert params == {"gamma": SETTINGS["gamma"]}
+
+
+def test_help_lists_lightning_rl_not_the_inherited_lightning_text():
+    """``help(PPO)`` is the settings and what lightning_rl defines (about 670 lines, not the 2,600
+    of LightningModule's and nn.Module's methods); ``dir`` of an instance still lists those, so
+    completion and ``hasattr`` see them, and ``load_from_checkpoint`` stays in ``help``."""
+    import pydoc
+
+    import pytorch_lightning as pl
+
+    text = pydoc.render_doc(lightning_rl.PPO, renderer=pydoc.plaintext)
+    assert len(text.splitlines()) < 1000
+    assert "normalize_observations" in text and "compute_actions" in text and "load_from_checkpoint" in text
+    inherited = [line for line in text.splitlines() if "inherited from" in line]
+    assert inherited and all("lightning_rl." in line for line in inherited if "Class methods" not in line)
+    assert "Methods inherited from torch" not in text and "register_buffer(" not in text
+    assert "log" not in dir(lightning_rl.PPO) and lightning_rl.PPO.log is pl.LightningModule.log
+    model = lightning_rl.PPO(num_envs=2)
+    assert {"log", "trainer", "parameters", "load_from_checkpoint", "compute_actions"} <= set(dir(model))
+    assert "policies" in dir(model)  # its instance attributes (nn.Module.__dir__'s part)
+
+    class Mine(lightning_rl.PPO):
+        def my_method(self) -> None:
+            """Only in this subclass."""
+
+    assert "my_method" in dir(Mine) and "my_method" in pydoc.render_doc(Mine, renderer=pydoc.plaintext)

@@ -42,6 +42,7 @@ from lightning_rl.nn.encoders import Activation, EncoderSpec
 from lightning_rl.policies import Policies, PolicyMapping
 from lightning_rl.process import ProcessSettings
 from lightning_rl.settings import (
+    AlgorithmType,
     Schedule,
     check_gamma,
     check_positive,
@@ -58,7 +59,7 @@ def _of_policies(name: str, doc: str) -> property:
     return property(lambda self: getattr(self.policies, name), doc=doc)
 
 
-class Algorithm(ActionAPI, EvaluationHooks, pl.LightningModule):
+class Algorithm(ActionAPI, EvaluationHooks, pl.LightningModule, metaclass=AlgorithmType):
     """Base of all algorithms: the iteration loop, the counters, the Lightning hooks.
 
     Subclasses build their networks into ``self.policies`` (``Policies.build``) and their
@@ -67,6 +68,9 @@ class Algorithm(ActionAPI, EvaluationHooks, pl.LightningModule):
     Settings every algorithm takes are declared here, with PPO's defaults; an algorithm
     declares only its own and takes the others as ``**settings`` (``settings.declare_settings``:
     its full signature is still what ``help``, editors and the CLI show).
+
+    An algorithm is a ``LightningModule``: ``help`` lists lightning_rl's attributes only
+    (``settings.AlgorithmType``); Lightning's and ``nn.Module``'s are inherited unchanged.
     """
 
     def __init__(
@@ -145,6 +149,9 @@ class Algorithm(ActionAPI, EvaluationHooks, pl.LightningModule):
                                  doc="The first policy's observation space (what single-agent code reads).")
     action_space = property(lambda self: next(iter(self.policy_spaces.values()))[1],
                             doc="The first policy's action space.")
+
+    def __dir__(self) -> list[str]:  # an instance lists every attribute, Lightning's too (completion)
+        return sorted(set(super().__dir__()) | set(type.__dir__(type(self))))
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

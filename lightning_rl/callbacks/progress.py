@@ -6,7 +6,7 @@ import sys
 from typing import Any
 
 import pytorch_lightning as pl
-from pytorch_lightning.callbacks import TQDMProgressBar
+from pytorch_lightning.callbacks import RichProgressBar, TQDMProgressBar
 from pytorch_lightning.callbacks.progress.tqdm_progress import Tqdm
 
 # Shown by the bar itself (n and rate), or noise in a one-line view.
@@ -22,9 +22,10 @@ class EnvStepProgressBar(TQDMProgressBar):
     ``val/episode_return_mean``), less what the bar shows already. Validation keeps
     Lightning's own bar.
 
-    ``Algorithm.configure_callbacks`` puts it in place of a plain ``TQDMProgressBar`` (Lightning's
-    default), with its refresh rate and position (``leave`` is not public: the default, False);
-    any other progress bar is left alone.
+    ``Algorithm.configure_callbacks`` puts it in place of a plain ``TQDMProgressBar`` or
+    ``RichProgressBar`` (Lightning's default: the Rich one when ``rich`` is installed), with the
+    public settings of a TQDM bar (``like``; ``leave`` is not public: the default, False); any
+    other progress bar is left alone.
     """
 
     BAR_FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt} env steps [{elapsed}<{remaining}, {rate_noinv_fmt}{postfix}]"
@@ -36,8 +37,11 @@ class EnvStepProgressBar(TQDMProgressBar):
         self._start = 0
 
     @classmethod
-    def like(cls, bar: TQDMProgressBar) -> EnvStepProgressBar:
-        """One with the public settings of ``bar``."""
+    def like(cls, bar: TQDMProgressBar | RichProgressBar) -> EnvStepProgressBar:
+        """One with the public settings of ``bar``: a TQDM bar's refresh rate and position (a Rich
+        bar's refresh rate counts something else: the defaults)."""
+        if isinstance(bar, RichProgressBar):
+            return cls()
         return cls(refresh_rate=bar.refresh_rate, process_position=bar.process_position)
 
     @staticmethod

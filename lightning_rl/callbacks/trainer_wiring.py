@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import pytorch_lightning as pl
-from pytorch_lightning.callbacks import TQDMProgressBar
+from pytorch_lightning.callbacks import RichProgressBar, TQDMProgressBar
 from pytorch_lightning.utilities import rank_zero_info
 
 from lightning_rl.callbacks.episodes import RolloutMetricsCallback
@@ -56,7 +56,7 @@ class TrainerWiring(pl.Callback):
             added.append(InterruptCheckpoint(resume_command=module.resume_command))
         # Swapped in the Trainer's list, not returned (that prints an "override" notice).
         for i, cb in enumerate(trainer.callbacks):
-            if type(cb) is TQDMProgressBar:
+            if type(cb) in (TQDMProgressBar, RichProgressBar):  # Lightning's default: Rich when rich is installed
                 trainer.callbacks[i] = EnvStepProgressBar.like(cb)
         return added
 
@@ -66,7 +66,7 @@ class TrainerWiring(pl.Callback):
         check_precision(trainer)
         # Lightning turns "no limit given" into max_epochs=1000; with an env-step budget the
         # budget is the limit, so lift the epoch cap (a user's explicit max_epochs of 1000
-        # is indistinguishable and is lifted too, as documented in the README).
+        # is indistinguishable and is lifted too, as docs/guides/how-a-run-works.md says).
         if pl_module.total_env_steps and trainer.fit_loop.max_epochs == 1000 and trainer.max_steps == -1:
             trainer.fit_loop.max_epochs = -1
 

@@ -266,11 +266,16 @@ class AsyncSamplingDataModule(EnvDataModule):
         num_sgd_iter: training iterations each batch is handed out for (the reference's
             ``num_passes``); only its first counts its env steps as sampled.
         minibatch_buffer_size: batches handed out round robin (``MinibatchBuffer``).
-        seed, vectorization, iterations_per_epoch, check_finite: as for ``RolloutDataModule``.
+        seed: as for ``RolloutDataModule``.
+        vectorization: as for ``RolloutDataModule``.
+        iterations_per_epoch: as for ``RolloutDataModule``.
+        check_finite: as for ``RolloutDataModule``.
         policy_id: the policy the workers sample with.
-        policy_mapping_fn, policy_agents, policy_spaces: a multi-agent env (PettingZoo): the
-            mapping, each policy's possible agents and spaces; fragments then hold every
-            policy's columns (``MultiAgentFragmentSampler``) and the workers every policy.
+        policy_mapping_fn: a multi-agent env (PettingZoo): agent id -> policy id; fragments
+            then hold every policy's columns (``MultiAgentFragmentSampler``) and the workers
+            every policy.
+        policy_agents: a multi-agent env: each policy's possible agents.
+        policy_spaces: a multi-agent env: each policy's spaces.
     """
 
     def __init__(

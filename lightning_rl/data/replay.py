@@ -41,9 +41,10 @@ class ReplayDataModule(EnvDataModule):
         train_freq: vector-env steps per iteration (``train_freq * num_envs`` env steps).
         n_step: steps summed into each target (``discounts`` carries ``gamma ** k``).
         gamma: discount of the n-step returns.
-        prioritized_replay, prioritized_replay_alpha, prioritized_replay_eps: proportional
-            prioritized replay (Schaul et al. 2016) instead of uniform; the importance
-            exponent beta is the learner's (``sample_minibatch(beta=...)``).
+        prioritized_replay: proportional prioritized replay (Schaul et al. 2016) instead of
+            uniform; the importance exponent beta is the learner's (``sample_minibatch(beta=...)``).
+        prioritized_replay_alpha: the priority exponent of prioritized replay.
+        prioritized_replay_eps: added to each ``|td_error|`` so that no priority is 0.
         checkpoint_replay_buffer: save the buffer in checkpoints (exact resume); ``"auto"``
             when its arrays take at most 1 GiB (``keeps_replay``); off, a resumed run starts
             with an empty buffer and waits ``learning_starts`` again.

@@ -66,9 +66,10 @@ class ReplayBuffer:
             ``num_envs`` steps, and ``self.capacity == rows * num_envs``. At most
             ``(rows - 1) * num_envs`` of them are sampleable (the newest row waits for its
             next observation). ``rows`` must exceed ``n_step``.
-        observation_space, action_space: single-env ``Box`` or ``Discrete`` spaces.
-            Observations keep the space's dtype (uint8 images stay uint8); Discrete
-            observations and actions are int64, Box actions float32.
+        observation_space: single-env ``Box`` or ``Discrete`` space. Observations keep the
+            space's dtype (uint8 images stay uint8); Discrete observations are int64.
+        action_space: single-env ``Box`` or ``Discrete`` space; Discrete actions are int64,
+            Box actions float32.
         num_envs: envs stepped together; every ``add`` carries one step of each.
         n_step: length of the return window (1 = one-step transitions).
         gamma: discount of the n-step return.
@@ -200,7 +201,8 @@ class ReplayBuffer:
             obs: ``[N, *obs_shape]`` the observation each env's action was taken in.
             actions: ``[N, *action_shape]`` the actions sent.
             rewards: ``[N]`` rewards of the step.
-            terminateds, truncateds: ``[N]`` bool, what the env returned for the step.
+            terminateds: ``[N]`` bool, what the env returned for the step.
+            truncateds: ``[N]`` bool, what the env returned for the step.
             valid: ``[N]`` bool, False for reset steps of next-step autoreset (the step
                 after an episode end); those rows are never sampled.
         """
@@ -451,7 +453,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         beta: default importance-sampling exponent of ``sample``; annealing it is the
             caller's job (pass ``beta``).
         eps: added to ``|td|`` so no sampleable row gets priority 0.
-        args, kwargs: ``ReplayBuffer``'s.
+        *args: ``ReplayBuffer``'s.
+        **kwargs: ``ReplayBuffer``'s.
     """
 
     def __init__(self, *args: Any, alpha: float = 0.6, beta: float = 0.4, eps: float = 1e-6, **kwargs: Any) -> None:
@@ -587,8 +590,10 @@ class TransitionReplayBuffer:
 
     Args:
         capacity: transitions held.
-        observation_space, action_space: single-env ``Box`` or ``Discrete`` spaces.
-        alpha, eps: as in ``PrioritizedReplayBuffer``.
+        observation_space: single-env ``Box`` or ``Discrete`` space.
+        action_space: single-env ``Box`` or ``Discrete`` space.
+        alpha: as in ``PrioritizedReplayBuffer``.
+        eps: as in ``PrioritizedReplayBuffer``.
         seed: seed of the buffer's own ``np.random.Generator``.
     """
 
