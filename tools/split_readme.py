@@ -80,7 +80,8 @@ description (the [hyperparameter reference](../reference/hyperparameters.md)).
     Page("docs/guides/async.md", ["Asynchronous sampling"]),
     Page("docs/guides/multi-agent.md", ["Multi-agent"]),
     Page("docs/guides/recurrent.md", ["Recurrent policies"]),
-    Page("docs/guides/compile.md", ["Compiled updates", "Mixed precision"], title="Compiled updates and mixed precision"),
+    Page("docs/guides/compile.md", ["Compiled updates", "Mixed precision"],
+         title="Compiled updates and mixed precision"),
     Page("docs/guides/scaling-out.md", ["Scaling out"], optional=True),
     Page("docs/benchmarks.md", ["Learning over seeds", "Benchmarks against Stable-Baselines3"], title="Benchmarks",
          intro="Every figure on this page comes with the command that produced it; the date is when its\n"
@@ -97,7 +98,8 @@ NOT_MOVED = {
 # every occurrence is replaced, and one at least must be there
 EDITS: list[tuple[str, str, str]] = [
     ("docs/algorithms.md", "its table is below under\n", "its table is under\n"),
-    ("docs/guides/pixels.md", "flattened at the\nenv boundary (see above)", "flattened at the\nenv boundary (see [spaces](spaces.md))"),
+    ("docs/guides/pixels.md", "flattened at the\nenv boundary (see above)",
+     "flattened at the\nenv boundary (see [spaces](spaces.md))"),
     ("docs/guides/ddp.md", "our own per-iteration sums", "lightning_rl's own per-iteration sums"),
     ("docs/guides/async.md", "on this kind of\nmachine", "on the same\nmachine"),
     ("docs/guides/async.md", "DQN's eager update on this machine;", "DQN's eager update on that machine;"),
