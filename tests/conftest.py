@@ -25,7 +25,7 @@ logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
 # worker that starts SAC's single test takes DQN's file at once, the other one test_ddp.py after two
 # of the on-policy learning tests.)
 LONGEST_FILES = ("test_learning_sac.py", "test_learning.py", "test_learning_dqn.py", "test_ddp.py", "test_cli.py",
-                 "test_async_faults.py", "test_impala_appo.py")
+                 "test_async_faults.py", "test_impala_appo.py", "test_ray.py")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -43,3 +43,20 @@ def test_atari_prints_both_sides_throughput_as_json_last():
         figures = result["algos"][algo]
         assert figures["env_steps"] == steps and all(figures["steps_per_s"][k] > 0 for k in ("ours", "sb3"))
         assert figures["ratio_ours_over_sb3"] == figures["steps_per_s"]["ours"] / figures["steps_per_s"]["sb3"]
+
+
+@pytest.mark.slow  # a local Ray each, actors importing torch: about a minute on 2 cores
+def test_async_compares_ray_actors_with_processes_and_measures_ingest():
+    proc = run_benchmark("async", "--backend", "ray", "--workers", "0,1", "--steps", "1200", "--repeats", "1",
+                         timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert sorted(result["summary"]) == ["0 -", "1 processes", "1 ray"]
+    ray_row = result["summary"]["1 ray"]
+    assert ray_row["steps_per_s"] > 0 and ray_row["vs_processes"] > 0 and ray_row["steady_vs_processes"] > 0
+    proc = run_benchmark("async", "--ingest", "--ingest-seconds", "1", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["fragment_bytes"] == 7864  # CartPole: 4 envs x 50 steps of IMPALA's columns
+    assert all(result[b]["fragments_per_s"] > 0 and result[b]["learner_cpu_ms_per_fragment"] > 0
+               for b in ("processes", "ray"))

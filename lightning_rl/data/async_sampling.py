@@ -102,10 +102,10 @@ class MinibatchBuffer:
 
 
 class FragmentTask:
-    """What a sampler worker makes of each fragment it samples and puts in its slot: for IMPALA
-    and APPO the fragment itself. Subclasses turn it into other things (APEX: prioritized n-step
-    transitions; A3C: a gradient). Runs in the worker; built in the learner process, so it must
-    pickle (the spawn start method)."""
+    """What a sampler worker makes of each fragment it samples and ships to the learner (in its
+    slot, or through Ray's object store): for IMPALA and APPO the fragment itself. Subclasses turn
+    it into other things (APEX: prioritized n-step transitions; A3C: a gradient). Runs in the
+    worker; built in the learner process, so it must pickle (the spawn start method, Ray)."""
 
     def exploration(self) -> dict[str, Any]:
         """Keyword arguments of the worker's exploring ``compute_actions``."""
