@@ -146,7 +146,9 @@ def test_appo_apex_and_a3c_run_on_actors_pinned_to_the_cpu_node(algo, cluster):
     quiet_trainer(max_epochs=-1).fit(model)
     dm = model.default_datamodule
     assert [w["node_id"] for w in dm.pool.where] == [cluster.second] * 2
-    assert model.counters["num_env_steps_sampled"] == settings["total_env_steps"]
+    budget = settings["total_env_steps"]
+    # (A3C's last iteration may apply the other worker's packet, already there, too: 20 env steps)
+    assert budget <= model.counters["num_env_steps_sampled"] <= budget + (20 if algo == "A3C" else 0)
     assert model.counters["num_grad_updates"] > 0
     assert not live_pids(actor_pids(dm), grace_s=10.0)
 
