@@ -68,6 +68,10 @@ RESUMABLE_SETTINGS = (
     "check_finite",
     "sampler_timeout_s",
     "restart_failed_workers",
+    "sampler_backend",
+    "ray_address",
+    "num_cpus_per_worker",
+    "custom_resources_per_worker",
 )
 DESCRIPTIONS = {
     "fit": "Train an algorithm: --model NAME ({algos}) or -c CONFIG.yaml. Every setting of an algorithm, "

@@ -89,7 +89,8 @@ class Faults(pl.Callback):
         self.printed: list[int] = []
 
     def _print_samplers(self, pl_module: pl.LightningModule) -> list[int]:
-        pids = [p.pid for p in pl_module.default_datamodule._workers if p is not None]
+        pool = pl_module.default_datamodule.pool
+        pids = [p.pid for p in (pool.processes if pool is not None else []) if p is not None]
         if pids and pids != self.printed:
             print("SAMPLERS " + " ".join(map(str, pids)), flush=True)
             self.printed = pids

@@ -22,7 +22,8 @@ logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
 # are handed to the workers in collection order, so these start first and the many short files
 # fill in around them, rather than one worker starting a long file while the other has nothing
 # left to do.
-LONGEST_FILES = ("test_ddp.py", "test_cli.py", "test_async_faults.py", "test_impala_appo.py", "test_learning.py")
+LONGEST_FILES = ("test_ddp.py", "test_cli.py", "test_async_faults.py", "test_ray.py", "test_impala_appo.py",
+                 "test_learning.py")
 
 
 # The files ``pytest -m quick`` leaves out (CONTRIBUTING.md): learning runs, 2-rank DDP launches,

@@ -24,7 +24,8 @@ STEPS_PER_ITERATION = 128
 
 class Progress(pl.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        workers = getattr(pl_module.default_datamodule, "_workers", None)
+        pool = getattr(pl_module.default_datamodule, "pool", None)
+        workers = pool.processes if pool is not None else None
         if workers and pl_module.counters["num_iterations"] == 1:
             print("SAMPLERS " + " ".join(str(p.pid) for p in workers if p is not None), flush=True)
         print(f"ITERATION {pl_module.counters['num_iterations']}", flush=True)

@@ -194,7 +194,7 @@ def test_a_killed_worker_is_named_with_its_exit_code():
     dm = started(model)
     try:
         dm.sample()
-        victim = dm._workers[1]
+        victim = dm.pool.processes[1]
         os.kill(victim.pid, signal.SIGKILL)
         died = r"sampler worker 1 \(pid \d+\) died: exit code -9 \(killed by SIGKILL\)"
         with pytest.raises(RuntimeError, match=died):
@@ -209,7 +209,7 @@ def test_a_killed_worker_is_restarted_when_asked():
     dm = started(model)
     try:
         dm.sample()
-        old = dm._workers[0].pid
+        old = dm.pool.processes[0].pid
         os.kill(old, signal.SIGKILL)
         # the other worker's fragments keep coming meanwhile: sample until the death is noticed
         # (within sampler_timeout_s of the kill) or 60 s have passed
@@ -218,8 +218,8 @@ def test_a_killed_worker_is_restarted_when_asked():
             dm.sample()
         for _ in range(3):  # and the restarted worker keeps up
             dm.sample()
-        assert dm.counters["num_worker_restarts"] == 1 and dm._workers[0].pid != old
-        assert dm._workers[0].is_alive()
+        assert dm.counters["num_worker_restarts"] == 1 and dm.pool.processes[0].pid != old
+        assert dm.pool.processes[0].is_alive()
     finally:
         dm.close()
 
@@ -256,10 +256,10 @@ def test_broadcast_interval_spaces_the_weight_broadcasts():
         for iteration in (1, 2):
             model.policies.version, model.counters["num_iterations"] = iteration, iteration
             dm.sample()
-            assert int(dm._weights.seq[1]) == 0  # not yet: 3 iterations between broadcasts
+            assert int(dm.pool.weights.seq[1]) == 0  # not yet: 3 iterations between broadcasts
         model.policies.version, model.counters["num_iterations"] = 3, 3
         dm.sample()
-        assert int(dm._weights.seq[1]) == 3
+        assert int(dm.pool.weights.seq[1]) == 3
     finally:
         dm.close()
 
@@ -292,7 +292,7 @@ def test_broadcasts_follow_iterations_while_a_batch_is_reused():
         model.policies.version, model.counters["num_iterations"] = 1, 1
         batch = dm.sample()
         assert batch.env_steps == 0  # the same batch again ...
-        assert int(dm._weights.seq[1]) == 1  # ... and the new weights went out
+        assert int(dm.pool.weights.seq[1]) == 1  # ... and the new weights went out
     finally:
         dm.close()
 
@@ -314,7 +314,7 @@ def test_workers_start_with_spawn_when_cuda_is_initialised(algo, monkeypatch):
         "A3C": lambda: A3C(**small, total_env_steps=100),
     }[algo]()
     quiet_trainer(max_epochs=-1).fit(model)
-    assert model.default_datamodule._ctx.get_start_method() == "spawn"
+    assert model.default_datamodule.pool.ctx.get_start_method() == "spawn"
     # the others run 5 iterations; A3C applies the packets (20 env steps each) that are ready, one
     # or two per iteration, so the iteration that crosses the 100-step budget may apply a sixth
     if algo == "A3C":

@@ -57,3 +57,20 @@ def test_replay_frames_prints_bytes_per_transition_against_sb3_as_json_last():
     assert per["ours_frames"] < per["ours_frames_per"] <= 7_500 < 28_224 < per["ours_whole_obs"]
     assert per["sb3_optimize_memory"] > 28_224 and per["sb3"] > 2 * 28_224
     assert sorted(result["sample_ms"]) == ["ours_frames", "ours_whole_obs", "sb3_optimize_memory"]
+
+
+@pytest.mark.slow  # a local Ray each, actors importing torch: about a minute on 2 cores
+def test_async_compares_ray_actors_with_processes_and_measures_ingest():
+    proc = run_benchmark("async", "--backend", "ray", "--workers", "0,1", "--steps", "1200", "--repeats", "1",
+                         timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert sorted(result["summary"]) == ["0 -", "1 processes", "1 ray"]
+    ray_row = result["summary"]["1 ray"]
+    assert ray_row["steps_per_s"] > 0 and ray_row["vs_processes"] > 0 and ray_row["steady_vs_processes"] > 0
+    proc = run_benchmark("async", "--ingest", "--ingest-seconds", "1", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["fragment_bytes"] == 7864  # CartPole: 4 envs x 50 steps of IMPALA's columns
+    assert all(result[b]["fragments_per_s"] > 0 and result[b]["learner_cpu_ms_per_fragment"] > 0
+               for b in ("processes", "ray"))

@@ -217,7 +217,8 @@ def test_resume_honours_a_new_budget_and_a_finished_run_trains_nothing(ppo_ckpt,
 
 CHANGED = {"total_env_steps": 4096, "iterations_per_epoch": 3, "evaluation_interval": 2, "evaluation_num_episodes": 4,
            "num_cpu_threads": 2, "cpu_affinity": False, "compile": True, "check_finite": False,
-           "sampler_timeout_s": 30.0, "restart_failed_workers": True}
+           "sampler_timeout_s": 30.0, "restart_failed_workers": True, "sampler_backend": "ray",
+           "ray_address": "10.0.0.1:6379", "num_cpus_per_worker": 2.0, "custom_resources_per_worker": {"cpu_node": 1.0}}
 
 
 def test_every_resumable_setting_is_taken_from_the_command_line(ppo_ckpt, tmp_path, capsys, monkeypatch):

@@ -3,8 +3,9 @@
 Failures print the learning curve. The single-agent runs take minutes each: they are ``slow``,
 kept out of CI (``python -m pytest -m slow tests/test_learning*.py``), and ``benchmarks/learning.py``
 runs the same configurations over 5 seeds (its table: docs/benchmarks.md). PPO CartPole (eager,
-100k steps) and the multi-agent example's 40k-step run stay in CI. The off-policy ones are in tests/test_learning_dqn.py and
-tests/test_learning_sac.py, and the 2-rank DDP learning run is in tests/test_ddp.py.
+100k steps) and the multi-agent example's 40k-step run stay in CI. The off-policy ones are in
+tests/test_learning_dqn.py and tests/test_learning_sac.py, and the 2-rank DDP learning run is in
+tests/test_ddp.py.
 """
 
 from __future__ import annotations

@@ -16,6 +16,8 @@ import torch
 from lightning_rl.batch import MultiAgentBatch, SampleBatch
 from lightning_rl.data.async_gradients import A3CDataModule
 from lightning_rl.data.async_sampling import POLICY_VERSION, AsyncSamplingDataModule
+from lightning_rl.data.workers import PoolSpec
+from lightning_rl.data.workers.processes import ProcessPool
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -64,6 +66,18 @@ class FakeContext:
         return FakeProcess()
 
 
+def fake_pool(dm: AsyncSamplingDataModule, processes: list, conns: list, slots: list | None = None) -> ProcessPool:
+    """``dm``'s process pool, started by hand: these processes and pipe ends, nothing spawned."""
+    spec = PoolSpec(num_workers=len(processes), make_sampler=None, length=2, policy=None, tasks=[None] * len(processes),
+                    seed=lambda index, restarts: None, columns={}, credits=1, hold=dm.hold_slots,
+                    restart_failed_workers=dm.restart_failed_workers, timeout_s=dm.sampler_timeout_s,
+                    on_restart=lambda: dm._count("num_worker_restarts", 1))
+    pool = dm.pool = ProcessPool(spec)
+    pool.ctx, pool.processes, pool.conns, pool.owner = FakeContext(), processes, conns, [0]
+    pool.slots, pool.weights, pool.stop = slots, None, None
+    return pool
+
+
 class PausingList(list):
     """A list whose first read from ``thread`` runs ``meanwhile`` (in another thread) and waits
     for it, up to ``PAUSE_S``, before returning the value it read."""
@@ -88,20 +102,15 @@ def test_a3c_release_and_a_worker_restart_never_hand_the_new_worker_a_slot_twice
     stopped right after its incarnation check, and the restart runs then."""
     dm = A3CDataModule("CartPole-v1", num_workers=1, num_envs=1, restart_failed_workers=True)
     old_send, old_recv = FakeEnd(), FakeEnd()
-    dm._ctx = FakeContext()
-    dm._workers = [FakeProcess(exitcode=-9)]  # killed
-    dm._conns = [(old_send, old_recv)]
-    dm._owner = [0]
-    dm._cpu_policy = dm._weights = dm._slots = dm._stop = None
-    dm.module = SimpleNamespace(counters={"num_env_steps_sampled": 0})
-    dm._restarts = PausingList([0], threading.current_thread(), dm._check_workers)
+    pool = fake_pool(dm, [FakeProcess(exitcode=-9)], [(old_send, old_recv)])  # killed
+    pool.restarts = PausingList([0], threading.current_thread(), pool.check)
 
     dm.release(0, 0, incarnation=0)  # the packet of incarnation 0 was applied
-    dm._restarts.other.join(timeout=10)
+    pool.restarts.other.join(timeout=10)
 
-    assert dm._restarts.done.is_set() and list(dm._restarts) == [1] and dm.counters["num_worker_restarts"] == 1
-    new_send = dm._conns[0][0]
-    assert new_send is not old_send and new_send in dm._ctx.ends
+    assert pool.restarts.done.is_set() and list(pool.restarts) == [1] and dm.counters["num_worker_restarts"] == 1
+    new_send = pool.conns[0][0]
+    assert new_send is not old_send and new_send in pool.ctx.ends
     assert new_send.sent == [0]  # its slot, once: at its start
     assert old_send.sent == [0]  # the release went to the incarnation it was meant for, before the restart
     assert old_send.closed
@@ -145,10 +154,7 @@ def test_fragments_dropped_by_both_threads_are_all_counted():
     dm.module = SimpleNamespace(counters={"num_iterations": 10}, device=torch.device("cpu"))
     receiver, sender = multiprocessing.Pipe(duplex=False)  # worker 0's fragments
     free = FakeEnd()
-    dm._conns = [(free, receiver)]
-    dm._workers = [FakeProcess()]
-    dm._restarts = [0]
-    dm._slots = [{"obs": torch.zeros(2, 1)}]
+    fake_pool(dm, [FakeProcess()], [(free, receiver)], slots=[{"obs": torch.zeros(2, 1)}])
     episodes = {"episode_returns": [], "episode_lengths": []}
     # the loader drops fragment (slot 0, version 3) as soon as it arrives: 10 - 3 > max_policy_lag
     drop_in_loader = lambda: sender.send(("fragment", 0, 0, 3, 0.01, episodes, {}))  # noqa: E731

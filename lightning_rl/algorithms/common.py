@@ -61,7 +61,8 @@ class RecurrentSettings(SettingsGroup):
 
 
 class SamplerWorkers(SettingsGroup):
-    """Sampler worker processes beside the learner (IMPALA, APPO, APEX, A3C)."""
+    """Sampler workers beside the learner (IMPALA, APPO, APEX, A3C): child processes, or Ray
+    actors on any node of a Ray cluster (``data/workers/``)."""
 
     def __init__(
         self,
@@ -69,12 +70,17 @@ class SamplerWorkers(SettingsGroup):
         num_workers: int = 2,
         sampler_timeout_s: float = 60.0,
         restart_failed_workers: bool = False,
+        sampler_backend: str = "processes",
+        ray_address: str | None = None,
+        num_cpus_per_worker: float | None = None,
+        custom_resources_per_worker: dict[str, float] | None = None,
         **settings: Any,
     ) -> None:
         super().__init__(**settings)
         self.worker_settings: dict[str, Any] = dict(
             num_workers=num_workers, sampler_timeout_s=sampler_timeout_s,
-            restart_failed_workers=restart_failed_workers,
+            restart_failed_workers=restart_failed_workers, sampler_backend=sampler_backend, ray_address=ray_address,
+            num_cpus_per_worker=num_cpus_per_worker, custom_resources_per_worker=custom_resources_per_worker,
         )
 
 

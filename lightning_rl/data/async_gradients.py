@@ -17,9 +17,10 @@ import torch
 from torch import nn
 
 from lightning_rl.batch import MultiAgentBatch, SampleBatch
-from lightning_rl.data.async_sampling import POLICY_VERSION, AsyncSamplingDataModule, FragmentTask, _Fragment
+from lightning_rl.data.async_sampling import POLICY_VERSION, AsyncSamplingDataModule, FragmentTask
 from lightning_rl.data.envs import EnvSpec
 from lightning_rl.data.rollout import RolloutDataModule
+from lightning_rl.data.workers import Fragment
 from lightning_rl.functional import a2c_loss, gae_batch
 
 __all__ = ["GRADS", "A3CDataModule", "GradientTask"]
@@ -102,7 +103,7 @@ class A3CDataModule(AsyncSamplingDataModule):
     def task(self, index: int) -> FragmentTask:
         return self.gradient_task
 
-    def _assemble(self, fragments: list[_Fragment], info: dict[str, Any], perf: dict[str, float]) -> MultiAgentBatch:
+    def _assemble(self, fragments: list[Fragment], info: dict[str, Any], perf: dict[str, float]) -> MultiAgentBatch:
         (fragment,) = fragments  # one packet per batch
         info.update(perf=perf, agent_steps_sampled=self.train_batch_size, worker_stats=[fragment.extra["stats"]],
                     rows=fragment.extra["rows"], workers=[fragment.index], slots=[fragment.extra.get("slot")])
@@ -134,7 +135,7 @@ class A3CDataModule(AsyncSamplingDataModule):
         went to the workers and its worker got its slot back."""
         if self.num_workers:
             if self._applied:
-                self._weights.write(self.module.policies[self.policy_id], int(self.module.counters["num_iterations"]))
+                self.pool.broadcast(self.module.policies[self.policy_id], int(self.module.counters["num_iterations"]))
                 for worker, (slot, incarnation) in self._applied:
                     self.release(worker, slot, incarnation)
                 self._applied = []

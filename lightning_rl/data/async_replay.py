@@ -20,7 +20,7 @@ from torch import nn
 
 from lightning_rl.batch import MultiAgentBatch, SampleBatch
 from lightning_rl.checkpoint import pack_rank_states, unpack_rank_state
-from lightning_rl.data.async_sampling import POLICY_VERSION, AsyncSamplingDataModule, FragmentTask, _Fragment
+from lightning_rl.data.async_sampling import POLICY_VERSION, AsyncSamplingDataModule, FragmentTask
 from lightning_rl.data.base import rank_seed
 from lightning_rl.data.buffers.replay_buffer import (
     NStepWindows,
@@ -32,6 +32,7 @@ from lightning_rl.data.buffers.replay_buffer import (
 from lightning_rl.data.buffers.sum_tree import ProportionalPriorities
 from lightning_rl.data.envs import EnvSpec
 from lightning_rl.data.rollout import RolloutDataModule
+from lightning_rl.data.workers import Fragment
 from lightning_rl.functional import double_q_target
 
 __all__ = ["ApexDataModule", "NStepPriorityTask", "worker_epsilons"]
@@ -180,7 +181,7 @@ class ApexDataModule(AsyncSamplingDataModule):
         super().setup(stage)
 
     # ------------------------------------------------------------ the learner's side
-    def _assemble(self, fragments: list[_Fragment], info: dict[str, Any], perf: dict[str, float]) -> MultiAgentBatch:
+    def _assemble(self, fragments: list[Fragment], info: dict[str, Any], perf: dict[str, float]) -> MultiAgentBatch:
         """Fragments' transitions one after the other (``[K]`` rows, ``K`` varying), and the
         fragments' ``policy_version`` (one each)."""
         cols = {k: torch.cat([f.tensors[k] for f in fragments]) for k in fragments[0].tensors}

@@ -1,18 +1,20 @@
-"""Asynchronous sampling: worker processes step envs with a slightly stale policy while the learner trains.
+"""Asynchronous sampling: sampler workers step envs with a slightly stale policy while the learner trains.
 
 The reference runs SGD in a learner thread so its main thread can keep sampling; under
 Lightning the roles invert: the training loop is the learner, and this DataModule owns
 
-* ``num_workers`` sampler processes, each with ``num_envs`` vector envs and a CPU copy of the
-  policy, writing time-major fragments of ``rollout_fragment_length`` steps into
-  shared-memory slots it owns, stamped with the policy version they were sampled with;
-* a bounded learner queue (``learner_queue_size``) that carries slot ids, not tensors;
-* one background thread in the learner process that drains the queue, drops fragments more
+* ``num_workers`` sampler workers (``data/workers/``), each with ``num_envs`` vector envs and a
+  CPU copy of the policy, sampling time-major fragments of ``rollout_fragment_length`` steps
+  stamped with the policy version they were sampled with: child processes writing into
+  shared-memory slots they own (``sampler_backend="processes"``), or Ray actors on any node of
+  a Ray cluster returning them through Ray's object store (``"ray"``);
+* a bounded learner queue (``learner_queue_size``): a worker may run that far ahead and no further;
+* one background thread in the learner process that drains the workers, drops fragments more
   than ``max_policy_lag`` versions old, assembles ``train_batch_size`` env steps into one
   time-major batch and moves it to the learner's device (pinned, non-blocking) while the
   current batch trains (the reference's load/optimize overlap);
-* the weights, broadcast to every worker through one shared flat tensor every
-  ``broadcast_interval`` training iterations (a sequence lock; nothing pickled).
+* the weights, broadcast to every worker every ``broadcast_interval`` training iterations (one
+  shared flat state with a sequence lock, or one ``ray.put``).
 
 ``num_workers=0`` samples in the learner process, fragment after fragment: the synchronous
 baseline (like RLlib's ``num_env_runners=0``).
@@ -24,10 +26,11 @@ autoreset) and ``policy_version`` ``[B]``, plus ``bootstrap_obs`` ``[B, *obs_sha
 observation after the last step.
 
 Faults: an env that raises in a worker reaches the learner as a ``RuntimeError`` naming the
-worker and carrying the env's traceback, at its next pull; a worker killed by a signal is
-detected within ``sampler_timeout_s`` and named with its exit code, or restarted with a new
-seed when ``restart_failed_workers``. Workers exit when the learner process dies, and no
-worker outlives ``fit`` (closed at its end, on an exception and on Ctrl-C).
+worker and carrying the env's traceback, at its next pull; a worker killed (a signal; for a
+Ray actor also its node lost) is named with its exit code or cause (and node), or restarted
+with a new seed when ``restart_failed_workers``; every wait is bounded by ``sampler_timeout_s``.
+Worker processes exit when the learner process dies, and no worker outlives ``fit`` (closed at
+its end, on an exception and on Ctrl-C).
 
 Resume: envs in other processes are not bit-resumable. A restored run keeps its counters,
 optimizer and policy; its workers start fresh episodes with seeds derived from the restored
@@ -39,19 +42,14 @@ from __future__ import annotations
 import copy
 import functools
 import math
-import multiprocessing.connection
-import os
 import queue
-import signal
 import threading
 import time
-import traceback
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
-import torch.multiprocessing as mp
 from torch import nn
 
 from lightning_rl.batch import (
@@ -65,18 +63,21 @@ from lightning_rl.batch import (
     MultiAgentBatch,
     SampleBatch,
 )
-from lightning_rl.data.base import EnvDataModule, policy_state, rank_seed
-from lightning_rl.data.envs import EnvSpec, describe_exit_code, make_vector_env, stop_processes
+from lightning_rl.data.base import EnvDataModule, rank_seed
+from lightning_rl.data.envs import EnvSpec, make_vector_env
 from lightning_rl.data.multi_agent import MultiAgentEnvDataModule
 from lightning_rl.data.rollout import RolloutDataModule
 from lightning_rl.data.samplers.engine import EnvSampler, ExploringPolicy
 from lightning_rl.data.samplers.multi_agent import MultiAgentFragmentSampler, split_policy_columns
+from lightning_rl.data.workers import BACKENDS, Fragment, PoolSpec, WorkerPool, sample_fragment
+from lightning_rl.data.workers.processes import ProcessPool
+from lightning_rl.data.workers.worker import acting_policy
 
 __all__ = ["AsyncSamplingDataModule", "MinibatchBuffer"]
 
 BOOTSTRAP_OBS, VALID = SampleBatch.BOOTSTRAP_OBS, SampleBatch.VALID
 POLICY_VERSION = "policy_version"
-_POLL_S = 0.05  # how often a blocked learner or worker looks at the world (stop, deaths)
+_POLL_S = 0.05  # how often a blocked learner looks at the world (stop, deaths)
 
 
 class MinibatchBuffer:
@@ -102,19 +103,11 @@ class MinibatchBuffer:
         return self.batches[i], new
 
 
-def _acting(policy: nn.Module, exploration: dict[str, Any]) -> ExploringPolicy | dict[str, ExploringPolicy]:
-    """A worker's acting policy: one ``ExploringPolicy``, or one per policy id (multi-agent: ``policy``
-    is the ``Policies`` dict)."""
-    if isinstance(policy, nn.ModuleDict):
-        return {pid: ExploringPolicy(p, exploration) for pid, p in policy.items()}
-    return ExploringPolicy(policy, exploration)
-
-
 class FragmentTask:
-    """What a sampler worker makes of each fragment it samples and puts in its slot: for IMPALA
-    and APPO the fragment itself. Subclasses turn it into other things (APEX: prioritized n-step
-    transitions; A3C: a gradient). Runs in the worker; built in the learner process, so it must
-    pickle (the spawn start method)."""
+    """What a sampler worker makes of each fragment it samples and ships to the learner (in its
+    slot, or through Ray's object store): for IMPALA and APPO the fragment itself. Subclasses turn
+    it into other things (APEX: prioritized n-step transitions; A3C: a gradient). Runs in the
+    worker; built in the learner process, so it must pickle (the spawn start method, Ray)."""
 
     def exploration(self) -> dict[str, Any]:
         """Keyword arguments of the worker's exploring ``compute_actions``."""
@@ -123,7 +116,7 @@ class FragmentTask:
     def columns(self, policy: nn.Module, sampler: RolloutDataModule) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         """Shapes and dtypes of a slot's tensors (learner side, before the workers start)."""
         if isinstance(sampler.sampler, MultiAgentFragmentSampler):
-            return sampler.sampler.fragment_columns(_acting(policy, self.exploration()))
+            return sampler.sampler.fragment_columns(acting_policy(policy, self.exploration()))
         return _fragment_columns(policy, sampler)
 
     def make(self, policy: nn.Module, rollout: dict[str, torch.Tensor], valid: torch.Tensor,
@@ -133,40 +126,6 @@ class FragmentTask:
         Tensors shorter than their slot's first dimension fill its first rows (the extra then
         says how many: ``count``)."""
         return {**rollout, VALID: valid, BOOTSTRAP_OBS: bootstrap_obs}, {}
-
-
-class _SharedWeights:
-    """The policy's whole state, parameters and buffers (BatchNorm statistics, observation
-    normalizers...), as shared tensors with a sequence lock: odd while the learner writes.
-    ``version`` is the learner iteration the state is from."""
-
-    def __init__(self, policy: nn.Module) -> None:
-        self.tensors = [t.detach().cpu().clone().share_memory_() for t in policy_state(policy)]
-        self.seq = torch.zeros(2, dtype=torch.int64).share_memory_()  # [sequence, version]
-
-    def write(self, policy: nn.Module, version: int) -> None:
-        self.seq[0] += 1
-        for shared, tensor in zip(self.tensors, policy_state(policy), strict=True):
-            shared.copy_(tensor.detach())
-        self.seq[1] = version
-        self.seq[0] += 1
-
-    def read_into(self, policy: nn.Module, have: int) -> int:
-        """Copy a newer state than version ``have`` into ``policy``; returns the version it has."""
-        while True:
-            start = int(self.seq[0])
-            version = int(self.seq[1])
-            if start % 2 or version == have:
-                if start % 2:
-                    time.sleep(0.0005)
-                    continue
-                return have
-            snapshot = [t.clone() for t in self.tensors]
-            if int(self.seq[0]) == start:
-                with torch.no_grad():
-                    for tensor, value in zip(policy_state(policy), snapshot, strict=True):
-                        tensor.copy_(value)
-                return version
 
 
 def _fragment_columns(policy: nn.Module, dm: RolloutDataModule) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
@@ -193,67 +152,12 @@ def _fragment_columns(policy: nn.Module, dm: RolloutDataModule) -> dict[str, tup
     return cols
 
 
-def _sample_fragment(sampler: Any, task: FragmentTask, policy: nn.Module | None, acting: Any,
-                     length: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """One fragment of ``length`` steps (``EnvSampler.fragment``, acted by ``acting``), made into a
-    slot's tensors by ``task`` (multi-agent, a ``MultiAgentFragmentSampler``: every policy's
-    columns, ``{"<policy>/<column>": tensor}``, and the agent steps in them)."""
-    if isinstance(sampler, MultiAgentFragmentSampler):  # ``acting``: every policy's
-        tensors, agent_steps = sampler.fragment(acting)
-        return tensors, {"agent_steps": agent_steps}
-    fragment = sampler.fragment(acting, length)
-    valid, bootstrap_obs = fragment.pop(VALID), fragment.pop(BOOTSTRAP_OBS)
-    # a recurrent policy's inputs after the fragment: where its bootstrap step starts
-    inputs = {k: fragment.pop(k) for k in [k for k in fragment if k.startswith(BOOTSTRAP)]}
-    tensors, extra = task.make(policy, dict(fragment), valid, bootstrap_obs)
-    tensors.update(inputs)
-    return tensors, extra
-
-
-def _worker_main(
-    index: int, seed: int | None, make_sampler: Callable[[int | None], Any], length: int, policy: nn.Module,
-    task: FragmentTask, weights: _SharedWeights, slots: list[dict[str, torch.Tensor]], free: Any,
-    out: Any, stop: Any, parent_pid: int,
-) -> None:
-    """A sampler process: take a free slot id from ``free``, read the newest weights, sample a
-    fragment, fill the slot with what ``task`` makes of it, send its id on ``out``; until
-    stopped or orphaned. Each worker has its own two pipes: a worker killed mid-write can
-    corrupt only its own (a shared queue's lock would hang the others)."""
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C belongs to the learner, which stops us
-    torch.set_num_threads(1)
-    sampler = None
-    try:
-        sampler = make_sampler(seed)
-        acting = _acting(policy, task.exploration())
-        version = -1
-        while not stop.is_set() and os.getppid() == parent_pid:
-            if not free.poll(_POLL_S * 4):
-                continue
-            slot = free.recv()
-            version = weights.read_into(policy, version)
-            start = time.perf_counter()
-            tensors, extra = _sample_fragment(sampler, task, policy, acting, length)
-            buf = slots[slot]
-            for key, value in tensors.items():
-                buf[key][: len(value)].copy_(value)
-            out.send(("fragment", index, slot, version, time.perf_counter() - start, sampler.episode_info(), extra))
-    except BaseException:  # everything, KeyboardInterrupt included, goes to the learner
-        try:
-            out.send(("error", index, traceback.format_exc()))
-        except OSError:
-            pass
-    finally:
-        if sampler is not None:
-            sampler.close(terminate=True)
-
-
 class AsyncSamplingDataModule(EnvDataModule):
     """Sampler workers feeding the learner time-major batches (see the module docstring).
 
     Args:
         env: a registered gymnasium id or a callable returning a ``gymnasium.Env``.
-        num_workers: sampler processes (per rank under DDP); 0 samples in the learner process.
+        num_workers: sampler workers (per rank under DDP); 0 samples in the learner process.
         num_envs: envs per worker (per process with 0 workers).
         rollout_fragment_length: steps of one fragment, per env.
         train_batch_size: env steps per training batch (whole fragments: rounded up).
@@ -261,8 +165,16 @@ class AsyncSamplingDataModule(EnvDataModule):
         broadcast_interval: training iterations between weight broadcasts.
         max_policy_lag: drop (and count) fragments sampled more than this many policy versions
             (learner iterations) before the learner would train on them; ``None`` keeps all.
-        sampler_timeout_s: how long the learner waits for a fragment before it raises.
+        sampler_timeout_s: how long the learner waits for a fragment (or a Ray actor to be
+            placed) before it raises.
         restart_failed_workers: restart a worker that died (new seed) instead of raising.
+        sampler_backend: ``"processes"`` (child processes of the learner, shared memory) or
+            ``"ray"`` (Ray actors, the object store: ``data/workers/ray_actors.py``).
+        ray_address: the Ray cluster to join (else ``RAY_ADDRESS``, else a local Ray started for
+            the run); ignored when Ray is already initialized in the learner process.
+        num_cpus_per_worker: CPUs each Ray actor asks for (default 1).
+        custom_resources_per_worker: custom Ray resources each actor asks for (pins workers to
+            the nodes that declare them).
         num_sgd_iter: training iterations each batch is handed out for (the reference's
             ``num_passes``); only its first counts its env steps as sampled.
         minibatch_buffer_size: batches handed out round robin (``MinibatchBuffer``).
@@ -290,6 +202,10 @@ class AsyncSamplingDataModule(EnvDataModule):
         max_policy_lag: int | None = None,
         sampler_timeout_s: float = 60.0,
         restart_failed_workers: bool = False,
+        sampler_backend: str = "processes",
+        ray_address: str | None = None,
+        num_cpus_per_worker: float | None = None,
+        custom_resources_per_worker: dict[str, float] | None = None,
         num_sgd_iter: int = 1,
         minibatch_buffer_size: int = 1,
         vectorization: str = "auto",
@@ -314,6 +230,10 @@ class AsyncSamplingDataModule(EnvDataModule):
             raise ValueError(f"max_policy_lag must be >= 0 or None, got {max_policy_lag}")
         if sampler_timeout_s <= 0:
             raise ValueError(f"sampler_timeout_s must be positive, got {sampler_timeout_s}")
+        check_backend(sampler_backend, ray_address, num_cpus_per_worker, custom_resources_per_worker,
+                      num_workers)
+        self.sampler_backend, self.ray_address = sampler_backend, ray_address
+        self.num_cpus_per_worker, self.custom_resources_per_worker = num_cpus_per_worker, custom_resources_per_worker
         self.num_workers = num_workers
         self.rollout_fragment_length = rollout_fragment_length
         self.fragments_per_batch = math.ceil(train_batch_size / (num_envs * rollout_fragment_length))
@@ -329,13 +249,11 @@ class AsyncSamplingDataModule(EnvDataModule):
         self.multi_agent = policy_mapping_fn is not None
         self.minibatch_buffer = MinibatchBuffer(self._next_batch, minibatch_buffer_size, num_sgd_iter)
         self.counters = {"num_worker_restarts": 0, "num_fragments_dropped": 0}
-        # The loader thread and the learner's both count and both talk to the workers: a restart
-        # (new pipes, every slot handed to the new worker) and a slot handed back are one step each.
+        # The loader thread and the learner's both count.
         self._counters_lock = threading.Lock()
-        self._pool_lock = threading.RLock()
         self._local: RolloutDataModule | None = None
         self._active = False
-        self._workers: list[Any] = []
+        self.pool: WorkerPool | None = None
         self._thread: threading.Thread | None = None
         self._ready: queue.Queue = queue.Queue(maxsize=1)
         self._error: BaseException | None = None
@@ -413,55 +331,31 @@ class AsyncSamplingDataModule(EnvDataModule):
                 module.check_spaces(probe.single_observation_space, probe.single_action_space)
             finally:
                 probe.close()
-        self._cpu_policy = _cpu_copy(policy)
-        self._columns = self.task(0).columns(self._cpu_policy, self._local)
-        self._weights = _SharedWeights(self._cpu_policy)
-        self._weights.write(policy, int(module.counters["num_iterations"]))
+        cpu_policy = _cpu_copy(policy)
+        spec = PoolSpec(
+            num_workers=self.num_workers, make_sampler=self._sampler_factory(), length=self.rollout_fragment_length,
+            policy=cpu_policy, tasks=[self.task(i) for i in range(self.num_workers)], seed=self._worker_seed,
+            columns=self.task(0).columns(cpu_policy, self._local),
+            credits=1 if self.hold_slots else 1 + math.ceil(self.learner_queue_size / self.num_workers),
+            hold=self.hold_slots, restart_failed_workers=self.restart_failed_workers,
+            timeout_s=self.sampler_timeout_s, on_restart=lambda: self._count("num_worker_restarts", 1),
+        )
+        if self.sampler_backend == "ray":
+            from lightning_rl.data.workers.ray_actors import RayPool
+
+            self.pool = RayPool(spec, self.ray_address, self.num_cpus_per_worker or 1.0,
+                                self.custom_resources_per_worker)
+        else:
+            self.pool = ProcessPool(spec)
+        try:
+            self.pool.start(policy, int(module.counters["num_iterations"]))
+        except BaseException:
+            self.pool.close(terminate=True)
+            raise
         self._last_broadcast = module.policies.version
-        per_worker = 1 if self.hold_slots else 1 + math.ceil(self.learner_queue_size / self.num_workers)
-        self._slots = [
-            {k: torch.zeros(shape, dtype=dtype).share_memory_() for k, (shape, dtype) in self._columns.items()}
-            for _ in range(per_worker * self.num_workers)
-        ]
-        self._owner = [i // per_worker for i in range(len(self._slots))]
-        # fork where it is safe (no CUDA in this process yet): no pickling, quick start.
-        method = "fork" if "fork" in mp.get_all_start_methods() and not torch.cuda.is_initialized() else "spawn"
-        self._ctx = mp.get_context(method)
-        self._stop = self._ctx.Event()
-        self._workers = [None] * self.num_workers
-        self._conns: list[Any] = [None] * self.num_workers  # (free-slot sender, fragment receiver)
-        self._restarts = [0] * self.num_workers
-        for i in range(self.num_workers):
-            self._spawn(i)
         self._closing.clear()
         self._thread = threading.Thread(target=self._load_loop, name="lightning_rl-batch-loader", daemon=True)
         self._thread.start()
-
-    def _spawn(self, index: int) -> None:
-        """Start worker ``index`` with new pipes, holding every slot it owns."""
-        free_recv, free_send = self._ctx.Pipe(duplex=False)
-        out_recv, out_send = self._ctx.Pipe(duplex=False)
-        process = self._ctx.Process(
-            target=_worker_main, name=f"lightning_rl-sampler-{index}", daemon=True,
-            args=(index, self._worker_seed(index, self._restarts[index]), self._sampler_factory(),
-                  self.rollout_fragment_length, self._cpu_policy, self.task(index), self._weights, self._slots,
-                  free_recv, out_send, self._stop, os.getpid()),
-        )
-        process.start()
-        free_recv.close()  # the worker's ends live in the worker now
-        out_send.close()
-        self._close_conns(index)
-        self._workers[index] = process
-        self._conns[index] = (free_send, out_recv)
-        for slot, owner in enumerate(self._owner):
-            if owner == index:
-                free_send.send(slot)
-
-    def _close_conns(self, index: int) -> None:
-        if self._conns[index] is not None:
-            for conn in self._conns[index]:
-                conn.close()
-            self._conns[index] = None
 
     # ------------------------------------------------------------ the learner's side
     def sample(self) -> MultiAgentBatch:
@@ -491,8 +385,7 @@ class AsyncSamplingDataModule(EnvDataModule):
                 if time.monotonic() > deadline:
                     raise RuntimeError(
                         f"no batch from the {self.num_workers} sampler workers within sampler_timeout_s="
-                        f"{self.sampler_timeout_s:g} s (workers alive: "
-                        f"{[p.is_alive() for p in self._workers]})"
+                        f"{self.sampler_timeout_s:g} s ({self.pool.describe()})"
                     ) from None
                 continue
             if not self._too_old(int(self._batch_versions(batch).min())):
@@ -509,7 +402,7 @@ class AsyncSamplingDataModule(EnvDataModule):
         """Write the learner's weights for the workers when ``broadcast_interval`` iterations passed."""
         module = self.module
         if module.policies.version - self._last_broadcast >= self.broadcast_interval:
-            self._weights.write(self._worker_policy(), int(module.counters["num_iterations"]))
+            self.pool.broadcast(self._worker_policy(), int(module.counters["num_iterations"]))
             self._last_broadcast = module.policies.version
 
     def _sample_here(self) -> MultiAgentBatch:
@@ -525,13 +418,13 @@ class AsyncSamplingDataModule(EnvDataModule):
         sampler = self._local.sampler
         fragments = []
         for _ in range(self.fragments_per_batch):
-            tensors, extra = _sample_fragment(sampler, self.task(0), policy, acting, self.rollout_fragment_length)
-            fragments.append(_Fragment(tensors, version, 0, extra))
+            tensors, extra = sample_fragment(sampler, self.task(0), policy, acting, self.rollout_fragment_length)
+            fragments.append(Fragment(tensors, version, 0, extra))
         info = self._local.episode_info()
         info["sample_time_s"] = time.perf_counter() - start
         return self._assemble(fragments, info, {"learner_wait_ms": 1000.0 * info["sample_time_s"]})
 
-    def _assemble(self, fragments: list[_Fragment], info: dict[str, Any], perf: dict[str, float]) -> MultiAgentBatch:
+    def _assemble(self, fragments: list[Fragment], info: dict[str, Any], perf: dict[str, float]) -> MultiAgentBatch:
         """Fragments side by side along the env axis: ``[T, B]`` columns."""
         cols = {}
         for key in fragments[0].tensors:
@@ -552,38 +445,29 @@ class AsyncSamplingDataModule(EnvDataModule):
     def _load_loop(self) -> None:
         """The loader thread: fragments -> batches, worker deaths -> errors or restarts."""
         try:
-            waiting: list[_Fragment] = []  # the learner queue
+            waiting: list[Fragment] = []  # the learner queue
             returns: list[float] = []
             lengths: list[int] = []
             sample_s, load_wait = 0.0, 0.0
             per_worker_steps = [0] * self.num_workers
             started = time.perf_counter()
-            # The learner queue holds at most this many fragments; beyond it messages stay in the
-            # pipes and their slots with the workers, which then wait: the policy lag stays bounded.
+            # The learner queue holds at most this many fragments; beyond it fragments stay with
+            # the workers, which then wait for their credits: the policy lag stays bounded.
             capacity = max(self.learner_queue_size, self.fragments_per_batch)
             while not self._closing.is_set():
-                self._check_workers()
-                receivers = {c[1]: i for i, c in enumerate(self._conns) if c is not None}
                 wait_start = time.perf_counter()
-                readable = multiprocessing.connection.wait(list(receivers), timeout=_POLL_S)
+                received = self.pool.receive(capacity - len(waiting), timeout=_POLL_S)
                 load_wait += time.perf_counter() - wait_start
-                for conn in readable:
-                    try:
-                        while len(waiting) < capacity and conn.poll():
-                            message = conn.recv()
-                            fragment, seconds, episodes = self._receive(message)
-                            index, version = fragment.index, fragment.version
-                            self.on_episodes(index, episodes)
-                            returns += episodes["episode_returns"]
-                            lengths += episodes["episode_lengths"]
-                            sample_s += seconds
-                            per_worker_steps[index] += self.num_envs * self.rollout_fragment_length
-                            if self._too_old(version):
-                                self._count("num_fragments_dropped", 1)
-                            else:
-                                waiting.append(fragment)
-                    except (EOFError, OSError):  # the worker died: _check_workers names it
-                        continue
+                for fragment, seconds, episodes in received:
+                    self.on_episodes(fragment.index, episodes)
+                    returns += episodes["episode_returns"]
+                    lengths += episodes["episode_lengths"]
+                    sample_s += seconds
+                    per_worker_steps[fragment.index] += self.num_envs * self.rollout_fragment_length
+                    if self._too_old(fragment.version):
+                        self._count("num_fragments_dropped", 1)
+                    else:
+                        waiting.append(fragment)
                 while len(waiting) >= self.fragments_per_batch and not self._closing.is_set():
                     elapsed = max(time.perf_counter() - started, 1e-9)
                     fragments, waiting = waiting[: self.fragments_per_batch], waiting[self.fragments_per_batch:]
@@ -603,34 +487,10 @@ class AsyncSamplingDataModule(EnvDataModule):
         except BaseException as err:  # handed to the learner's next pull
             self._error = err
 
-    def _receive(self, message: tuple) -> tuple[_Fragment, float, dict[str, list]]:
-        """A worker's message: ``(fragment, seconds it took, episodes it finished)`` (copied out,
-        its slot handed back unless ``hold_slots``: then ``release`` does), or its error raised."""
-        if message[0] == "error":
-            _, index, trace = message
-            raise RuntimeError(
-                f"sampler worker {index} (pid {self._workers[index].pid}) failed:\n\n"
-                f"Traceback in the worker process:\n{trace}"
-            )
-        _, index, slot, version, seconds, episodes, extra = message
-        count = extra.get("count")
-        tensors = {k: (v if count is None else v[:count]).clone() for k, v in self._slots[slot].items()}
-        if self.hold_slots:  # and which incarnation of the worker it is from (see release)
-            extra["slot"] = (slot, self._restarts[index])
-        else:
-            self.release(index, slot)
-        return _Fragment(tensors, version, index, extra), seconds, episodes
-
-    def release(self, index: int, slot: int, incarnation: int | None = None) -> None:
-        """Hand slot ``slot`` back to worker ``index`` (it may sample into it again); not if the
-        worker was restarted since ``incarnation`` (its successor got all its slots at start)."""
-        with self._pool_lock:  # no restart between the check and the send: its successor has the slot already
-            if incarnation is not None and incarnation != self._restarts[index]:
-                return
-            try:
-                self._conns[index][0].send(slot)
-            except (OSError, TypeError):  # that worker just died: the slot is its successor's
-                pass
+    def release(self, index: int, slot: Any, incarnation: int | None = None) -> None:
+        """Hand worker ``index`` back the credit of a fragment it sent (``hold_slots``: its slot,
+        ``fragment.extra["slot"]``); not if the worker was restarted since ``incarnation``."""
+        self.pool.release(index, slot, incarnation)
 
     def _count(self, name: str, n: int) -> None:
         """Add ``n`` to a counter (``+=`` on a dict entry is a read then a write: two threads count)."""
@@ -639,19 +499,6 @@ class AsyncSamplingDataModule(EnvDataModule):
 
     def on_episodes(self, index: int, episodes: dict[str, list]) -> None:
         """Hook (loader thread): worker ``index`` finished these episodes."""
-
-    def _raise_sent_error(self, index: int) -> None:
-        """Raise the error a dead worker sent before it exited, if any (the rest of what it sent is dropped)."""
-        if self._conns[index] is None:
-            return
-        receiver = self._conns[index][1]
-        try:
-            while receiver.poll():
-                message = receiver.recv()
-                if message[0] == "error":
-                    self._receive(message)
-        except (EOFError, OSError):
-            pass
 
     def _too_old(self, version: int) -> bool:
         lag = int(self.module.counters["num_iterations"]) - version
@@ -663,20 +510,7 @@ class AsyncSamplingDataModule(EnvDataModule):
                 self._ready.put(batch, timeout=_POLL_S)
                 return
             except queue.Full:
-                self._check_workers()
-
-    def _check_workers(self) -> None:
-        for i, process in enumerate(self._workers):
-            code = process.exitcode
-            if code is None or self._closing.is_set():
-                continue
-            self._raise_sent_error(i)  # an env error it sent before exiting names the env, not "died"
-            if not self.restart_failed_workers:
-                raise RuntimeError(f"sampler worker {i} (pid {process.pid}) died: {describe_exit_code(code)}")
-            with self._pool_lock:
-                self._restarts[i] += 1
-                self._spawn(i)
-            self._count("num_worker_restarts", 1)
+                self.pool.check()
 
     # ------------------------------------------------------------ shutdown
     def close(self, terminate: bool = False) -> None:
@@ -685,12 +519,8 @@ class AsyncSamplingDataModule(EnvDataModule):
         if self._thread is not None:
             self._thread.join(timeout=5.0)
             self._thread = None
-        if self._workers:
-            self._stop.set()
-            stop_processes([p for p in self._workers if p is not None], timeout=0.5 if terminate else 2.0)
-            for i in range(len(self._conns)):
-                self._close_conns(i)
-            self._workers = []
+        if self.pool is not None:
+            self.pool.close(terminate)  # (kept: what it was, for whoever looks after fit)
         if self._local is not None:
             self._local.close(terminate)  # keeps what a checkpoint saved after fit must hold
         self._active = False
@@ -707,15 +537,6 @@ class AsyncSamplingDataModule(EnvDataModule):
         self.counters.update(state.get("counters", {}))
         if state.get("local") and self._local is not None and self.num_workers == 0:
             self._local.load_state_dict(state["local"])
-
-
-class _Fragment(NamedTuple):
-    """What a worker sent, in the learner process: its slot's tensors, copied out."""
-
-    tensors: dict[str, torch.Tensor]
-    version: int  # the learner iteration of the weights it was sampled with
-    index: int  # the worker
-    extra: dict[str, Any]
 
 
 def _cpu_copy(policy: nn.Module) -> nn.Module:
@@ -740,3 +561,25 @@ def _open_multi_agent_sampler(env: Any, policy_mapping_fn: Callable[[str], str],
     sampler.open()
     sampler.reset(seed)
     return sampler
+
+
+def check_backend(backend: str, address: str | None, num_cpus: float | None, resources: dict[str, float] | None,
+                  num_workers: int) -> None:
+    """The sampler backend's settings: Ray's only with ``"ray"``, and Ray installed for it."""
+    if backend not in BACKENDS:
+        raise ValueError(f"sampler_backend must be one of {BACKENDS}, got {backend!r}")
+    if backend != "ray":
+        given = [n for n, v in (("ray_address", address), ("num_cpus_per_worker", num_cpus),
+                                ("custom_resources_per_worker", resources)) if v is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)} apply to Ray actors: pass sampler_backend='ray'")
+        return
+    if num_cpus is not None and num_cpus < 0:
+        raise ValueError(f"num_cpus_per_worker must be >= 0, got {num_cpus}")
+    if resources is not None and any(not isinstance(v, int | float) or v < 0 for v in resources.values()):
+        raise ValueError(f"custom_resources_per_worker must map resource names to amounts >= 0, got {resources}")
+    if num_workers:
+        from lightning_rl.data.workers.ray_actors import RAY_EXTRA, ray_installed
+
+        if not ray_installed():
+            raise ImportError(RAY_EXTRA)
