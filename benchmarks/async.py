@@ -26,6 +26,10 @@ Usage::
     python benchmarks/async.py --backend ray --workers 0,2 --steps 100000 --repeats 2
     python benchmarks/async.py --backend ray --env ALE/Breakout-v5 --workers 0,2 --steps 8000 --repeats 1
     python benchmarks/async.py --ingest --env ALE/Breakout-v5
+    python benchmarks/async.py --env ALE/Breakout-v5 --workers 0,2 --steps 8000 --precision bf16-mixed
+
+``--precision bf16-mixed`` runs the learner under bfloat16 autocast (the workers act in float32);
+``--vectorization envpool`` steps every worker's envs with envpool.
 
 ``--backend ray`` runs every worker count above 0 twice, with worker processes and with Ray actors
 (``sampler_backend="ray"``) on a local Ray started once before the runs (``ray.init(num_cpus=<cores>)``,
@@ -89,13 +93,13 @@ def settings(algo: type, env: str, num_envs: int) -> dict[str, Any]:
 
 
 def run(algo: type, workers: int, steps: int, num_envs: int, seed: int, env: str = "CartPole-v1",
-        backend: str = "processes") -> dict[str, Any]:
+        backend: str = "processes", precision: str = "32-true", vectorization: str = "auto") -> dict[str, Any]:
     pixels = env.startswith("ALE/")
     model = algo(**settings(algo, env, num_envs), num_workers=workers, total_env_steps=steps, seed=seed,
-                 sampler_backend=backend if workers else "processes")
+                 sampler_backend=backend if workers else "processes", vectorization=vectorization)
     lag = Lag()
     trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, callbacks=[lag])
+                         enable_progress_bar=False, enable_model_summary=False, callbacks=[lag], precision=precision)
     start = time.perf_counter()
     trainer.fit(model)
     end = time.perf_counter()
@@ -184,6 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--env", default="CartPole-v1", help="an env id; an ALE id gets IMPALA's CNN (default CartPole-v1)")
     p.add_argument("--backend", choices=["processes", "ray"], default="processes",
                    help="ray: every worker count above 0 with worker processes and with Ray actors")
+    p.add_argument("--precision", choices=["32-true", "bf16-mixed"], default="32-true",
+                   help="the learner's Trainer precision (default 32-true)")
+    p.add_argument("--vectorization", default="auto", help="the envs' vector backend (auto, sync, envpool...)")
     p.add_argument("--ingest", action="store_true", help="the learner's cost per fragment, per backend (no envs)")
     p.add_argument("--ingest-seconds", type=float, default=10.0, help="seconds of each --ingest measurement")
     args = p.parse_args(argv)
@@ -225,7 +232,8 @@ def compare(args: argparse.Namespace, load: float) -> int:
     runs = []
     for seed in range(args.repeats):
         for workers, backend in configs:
-            r = run(algo, workers, args.steps, args.num_envs, seed, args.env, backend)
+            r = run(algo, workers, args.steps, args.num_envs, seed, args.env, backend, args.precision,
+                    args.vectorization)
             runs.append(r)
             print(f"[{args.algo} workers={workers} {backend} seed={seed}] {r['env_steps']:,} steps in "
                   f"{r['fit_s']:.1f}s = {r['steps_per_s']:,.0f} steps/s ({r['steady_steps_per_s']:,.0f} from the first "
@@ -263,7 +271,8 @@ def compare(args: argparse.Namespace, load: float) -> int:
               f"{statistics.fmean(r['learner_wait_ms'] for r in mine):.1f} | "
               f"{statistics.fmean(r['greedy'] for r in mine):.0f} |")
     print(json.dumps({"benchmark": "async", "algo": args.algo, "env": args.env, "steps": args.steps,
-                      "num_envs": args.num_envs, "backend": args.backend, "load": load, "summary": summary,
+                      "num_envs": args.num_envs, "backend": args.backend, "precision": args.precision,
+                      "vectorization": args.vectorization, "load": load, "summary": summary,
                       "runs": runs}))
     return 0
 
