@@ -174,3 +174,16 @@ def test_cnn_gradients_keep_the_weights_memory_layout():
     ends = grads.flat.data_ptr(), grads.flat.data_ptr() + grads.flat.numel() * grads.flat.element_size()
     assert all(ends[0] <= p.grad.data_ptr() < ends[1] for p in params)
     torch.testing.assert_close(grads.flat.norm(), torch.cat([p.grad.reshape(-1) for p in params]).norm())
+
+
+def test_resume_with_dict_image_observations_is_exact(tmp_path):
+    """Half a fit, a checkpoint, the other half: the same counters and weights (both cameras'
+    CNNs), bit for bit, as one straight fit."""
+    from tests.test_resume import straight_and_resumed, weights
+
+    kwargs = dict(env=BrightSideDict, env_kwargs={"cameras": True}, seed=0, num_envs=2, rollout_fragment_length=16,
+                  sgd_minibatch_size=16, num_sgd_iter=2, hiddens=(), vf_share_layers=True, iterations_per_epoch=2,
+                  vectorization="sync")
+    straight, resumed, _ = straight_and_resumed(PPO, kwargs, tmp_path, epochs=(2, 4))
+    assert resumed.counters == straight.counters and straight.counters["num_env_steps_sampled"] == 4 * 2 * 32
+    torch.testing.assert_close(weights(resumed), weights(straight), rtol=0, atol=0)

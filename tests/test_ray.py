@@ -299,3 +299,29 @@ def test_ctrl_c_stops_the_fit_and_its_local_ray(tmp_path):
     assert proc.returncode is not None
     assert "ITERATION 6000" not in rest  # stopped, not run to its budget
     assert not live_pids(ray_pids, grace_s=10.0)
+
+
+def test_resume_with_ray_actors_keeps_counters_weights_and_replay(cluster, tmp_path):
+    """As with worker processes (tests/test_async_resume.py): the counters, weights, optimizer and
+    replay continue from the checkpoint; the actors start fresh episodes; none outlives either fit."""
+    def apex() -> APEX:
+        return APEX(env="CartPole-v1", num_workers=2, num_envs=2, rollout_fragment_length=8, hiddens=(16,),
+                    learning_starts=32, num_gradient_steps=2, train_batch_size=16, target_network_update_freq=64,
+                    buffer_size=500, seed=0, total_env_steps=None, iterations_per_epoch=4, sampler_backend="ray",
+                    sampler_timeout_s=120.0)
+
+    first = apex()
+    trainer = quiet_trainer(max_epochs=1, limit_train_batches=4, default_root_dir=tmp_path)
+    trainer.fit(first)
+    trainer.save_checkpoint(tmp_path / "mid.ckpt")
+    weights = [p.detach().clone() for p in first.parameters()]
+    resumed = apex()
+    quiet_trainer(max_epochs=2, limit_train_batches=4, default_root_dir=tmp_path).fit(resumed,
+                                                                                      ckpt_path=tmp_path / "mid.ckpt")
+    assert first.counters["num_iterations"] == 4 and resumed.counters["num_iterations"] == 8
+    assert resumed.counters["num_env_steps_sampled"] == 8 * 2 * 2 * 8  # iterations x workers x envs x steps
+    assert resumed.counters["num_grad_updates"] == 2 * first.counters["num_grad_updates"] > 0
+    assert resumed.default_datamodule.buffer.num_added > first.default_datamodule.buffer.num_added > 0
+    assert any(not torch.equal(a, b) for a, b in zip(weights, resumed.parameters()))  # trained on from there
+    for model in (first, resumed):
+        assert not live_pids(actor_pids(model.default_datamodule), grace_s=10.0)
