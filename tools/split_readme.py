@@ -122,8 +122,9 @@ EDITS: list[tuple[str, str, str]] = [
      "\nDD-PPO on 2 CPU ranks (`--algos ddppo_cartpole`, the settings of the DD-PPO learning test) has no\n"
      "row yet: the benchmark runs it since the test became `slow`.\n\nThe same with every update compiled ("),
     ("docs/guides/how-a-run-works.md", "you pass becomes the\n  env-step bar with its settings.",
-     "you pass becomes the\n  env-step bar with its settings, and so does a plain `RichProgressBar` (Lightning's "
-     "default\n  when `rich` is installed), with its `leave` (`tests/test_logging.py`)."),
+     "you pass becomes the\n  env-step bar with its refresh rate and position, and so does a plain `RichProgressBar`\n"
+     "  (Lightning's default when `rich` is installed), refreshed every iteration (`tests/test_logging.py`;\n"
+     "  a bar's `leave` is no public attribute: the env-step bar keeps its own default)."),
 ]
 
 
