@@ -71,26 +71,29 @@ def array_nbytes(obj: object) -> int:
 
 def frames(args: argparse.Namespace) -> None:
     """The ``--frames`` figures (see the module docstring)."""
-    from stable_baselines3.common.buffers import ReplayBuffer as SB3ReplayBuffer
-
     from lightning_rl.data.envs import make_vector_env
+
+    try:
+        from stable_baselines3.common.buffers import ReplayBuffer as SB3ReplayBuffer
+    except ImportError:  # the bench extra is not installed: ours alone
+        SB3ReplayBuffer = None
+        print("stable_baselines3 is not installed (pip install -e '.[bench]'): SB3's buffers are left out")
 
     obs_space = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
     act_space = gym.spaces.Discrete(4)
     cap = args.capacity
     ours = dict(observation_space=obs_space, action_space=act_space, n_step=args.n_step, seed=args.seed)
 
-    def build() -> dict[str, object]:
-        return {
-            "ours_frames": ReplayBuffer(cap, **ours, frame_stack=True),
-            "ours_frames_per": PrioritizedReplayBuffer(cap, **ours, frame_stack=True),
-            "ours_whole_obs": ReplayBuffer(cap, **ours),
-            "sb3_optimize_memory": SB3ReplayBuffer(cap, obs_space, act_space, device="cpu",
-                                                   optimize_memory_usage=True, handle_timeout_termination=False),
-            "sb3": SB3ReplayBuffer(cap, obs_space, act_space, device="cpu"),
-        }
-
-    buffers = build()
+    buffers: dict[str, object] = {
+        "ours_frames": ReplayBuffer(cap, **ours, frame_stack=True),
+        "ours_frames_per": PrioritizedReplayBuffer(cap, **ours, frame_stack=True),
+        "ours_whole_obs": ReplayBuffer(cap, **ours),
+    }
+    if SB3ReplayBuffer is not None:
+        buffers["sb3_optimize_memory"] = SB3ReplayBuffer(cap, obs_space, act_space, device="cpu",
+                                                         optimize_memory_usage=True,
+                                                         handle_timeout_termination=False)
+        buffers["sb3"] = SB3ReplayBuffer(cap, obs_space, act_space, device="cpu")
     per_transition = {name: (b.nbytes if isinstance(b, ReplayBuffer) else array_nbytes(b)) / cap
                       for name, b in buffers.items()}
     print(f"stacked frames (4, 84, 84) uint8, Discrete(4), n_step={args.n_step}: bytes per transition "
@@ -104,14 +107,15 @@ def frames(args: argparse.Namespace) -> None:
     rng = np.random.default_rng(args.seed)
     obs, _ = envs.reset(seed=args.seed)
     prev_done = np.zeros(1, dtype=bool)
-    filled = {k: buffers[k] for k in ("ours_frames", "ours_whole_obs", "sb3_optimize_memory")}
+    filled = {k: buffers[k] for k in ("ours_frames", "ours_whole_obs", "sb3_optimize_memory") if k in buffers}
     start = time.perf_counter()
     for _ in range(args.fill):
         actions = rng.integers(0, 4, 1)
         next_obs, rewards, terminateds, truncateds, _ = envs.step(actions)
         for name in ("ours_frames", "ours_whole_obs"):
             filled[name].add(obs, actions, rewards, terminateds, truncateds, ~prev_done)
-        if not prev_done[0]:  # SB3 takes transitions, not the reset steps of next-step autoreset
+        # SB3 takes transitions, not the reset steps of next-step autoreset
+        if "sb3_optimize_memory" in filled and not prev_done[0]:
             final = next_obs
             filled["sb3_optimize_memory"].add(obs, final, actions[:, None], rewards, terminateds | truncateds, [{}])
         obs, prev_done = next_obs, terminateds | truncateds
