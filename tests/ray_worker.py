@@ -7,7 +7,7 @@ whose env raises; after each it prints ``CLEAN <label> <pids>`` with the Ray pro
 started (its descendants while the fit ran). ``sigint``: the same fit, long; prints its Ray
 processes and ``ITERATION n``, the test sends SIGINT. ``ddp``: IMPALA under 2-rank CPU DDP, each
 rank's actors on the cluster at RAY_ADDRESS; each rank writes ``rank<r>.json``. ``ray_train``:
-the README's recipe, the whole fit under Ray Train's ``TorchTrainer`` (2 ranks, Lightning's DDP
+the recipe of docs/guides/scaling-out.md, the whole fit under Ray Train's ``TorchTrainer`` (2 ranks, Lightning's DDP
 through ``ray.train.lightning``) on the cluster at RAY_ADDRESS; each rank writes ``rank<r>.json``.
 """
 
