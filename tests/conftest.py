@@ -13,6 +13,8 @@ import pytest
 import pytorch_lightning as pl
 import torch
 
+from lightning_rl.batch import SampleBatch
+
 logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
 logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
 
@@ -54,6 +56,22 @@ def quiet_trainer(**kwargs) -> pl.Trainer:
         accelerator="cpu", devices=1,
     )
     return pl.Trainer(**{**defaults, **kwargs})
+
+
+def spy_frames_and_rewards(model: pl.LightningModule) -> list[tuple]:
+    """Wrap ``model.postprocess`` to record, per iteration, the default policy's observation dtype
+    and frame shape, the set of rewards the learner sees, and the episodes' raw returns."""
+    seen: list[tuple] = []
+    post = model.postprocess
+
+    def spy(batch):
+        rows = batch.policy_batches["default_policy"]
+        seen.append((rows[SampleBatch.OBS].dtype, tuple(rows[SampleBatch.OBS].shape[2:]),
+                     set(torch.unique(rows[SampleBatch.REWARDS]).tolist()), list(batch.info["episode_returns"])))
+        return post(batch)
+
+    model.postprocess = spy
+    return seen
 
 
 def fit_in_halves(make: Callable[[], pl.LightningModule], tmp_path: Path, batches: int = 4) -> tuple:

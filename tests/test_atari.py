@@ -15,11 +15,11 @@ import pytorch_lightning as pl
 import torch
 
 from lightning_rl import PPO
-from lightning_rl.batch import SampleBatch
 from lightning_rl.data.envs import EpisodeStatistics, gym_make, make_vector_env
 from lightning_rl.data.envs.atari import GameScore, LifeLossEnds
 from lightning_rl.evaluation import evaluate
 from lightning_rl.nn.cnn import NatureCNN
+from tests.conftest import spy_frames_and_rewards
 
 
 class ScriptedGame(gym.Env):
@@ -118,16 +118,7 @@ def test_a_short_ppo_fit_on_breakout_logs_raw_game_scores_and_trains_on_clipped_
     model = PPO(env="ALE/Breakout-v5", seed=0, num_envs=2, rollout_fragment_length=128, sgd_minibatch_size=64,
                 num_sgd_iter=1, total_env_steps=768, hiddens=(), vf_share_layers=True, iterations_per_epoch=1)
     assert isinstance(model.policy.pi_encoder[1], NatureCNN)
-    seen: list[Any] = []
-    post = model.postprocess
-
-    def spy(batch: Any) -> Any:
-        rows = batch.policy_batches["default_policy"]
-        seen.append((rows[SampleBatch.OBS].dtype, tuple(rows[SampleBatch.OBS].shape[2:]),
-                     set(torch.unique(rows[SampleBatch.REWARDS]).tolist()), list(batch.info["episode_returns"])))
-        return post(batch)
-
-    model.postprocess = spy
+    seen = spy_frames_and_rewards(model)
     pl.Trainer(max_epochs=-1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                enable_model_summary=False).fit(model)
     assert [s[:2] for s in seen] == [(torch.uint8, (4, 84, 84))] * 3

@@ -18,7 +18,7 @@ from lightning_rl.batch import SampleBatch
 from lightning_rl.data.envs import GymMake, env_spaces, gym_make, make_vector_env
 from lightning_rl.data.samplers.engine import EnvSampler
 from lightning_rl.evaluation import evaluate
-from tests.conftest import quiet_trainer
+from tests.conftest import quiet_trainer, spy_frames_and_rewards
 
 pytest.importorskip("envpool")  # in the test extra, so CI runs these
 
@@ -254,16 +254,7 @@ def test_a_short_ppo_fit_on_atari_with_envpool_and_its_evaluation():
     model = PPO(env="ALE/Breakout-v5", env_kwargs={"max_num_frames_per_episode": 2000}, vectorization="envpool",
                 seed=0, num_envs=2, rollout_fragment_length=128, sgd_minibatch_size=64, num_sgd_iter=1,
                 total_env_steps=512, hiddens=(), vf_share_layers=True, iterations_per_epoch=1)
-    seen: list[Any] = []
-    post = model.postprocess
-
-    def spy(batch: Any) -> Any:
-        rows = batch.policy_batches["default_policy"]
-        seen.append((rows[SampleBatch.OBS].dtype, tuple(rows[SampleBatch.OBS].shape[2:]),
-                     set(torch.unique(rows[SampleBatch.REWARDS]).tolist()), list(batch.info["episode_returns"])))
-        return post(batch)
-
-    model.postprocess = spy
+    seen = spy_frames_and_rewards(model)
     quiet_trainer(max_epochs=-1).fit(model)
     assert [s[:2] for s in seen] == [(torch.uint8, (4, 84, 84))] * 2
     assert set().union(*(s[2] for s in seen)) <= {0.0, 1.0}
