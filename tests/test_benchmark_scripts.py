@@ -81,3 +81,14 @@ def test_async_compares_ray_actors_with_processes_and_measures_ingest():
     assert result["fragment_bytes"] == 7864  # CartPole: 4 envs x 50 steps of IMPALA's columns
     assert all(result[b]["fragments_per_s"] > 0 and result[b]["learner_cpu_ms_per_fragment"] > 0
                for b in ("processes", "ray"))
+
+
+def test_bf16_ratio_prints_how_far_bf16_moves_ppo_ratio_as_json_last():
+    proc = run_benchmark("bf16_ratio", "--steps", "4")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    dev, clipped = result["abs_ratio_minus_1"], result["clipped_before_any_step"]
+    assert result["rows"] == 32 and result["env"] == "ALE/Breakout-v5"
+    assert 0 < dev["median"] <= dev["p90"] <= dev["max"] < 0.1  # rounding moves it, and by little
+    assert sorted(clipped, key=float) == ["0.005", "0.01", "0.03", "0.1"] and clipped["0.1"] == 0.0
+    assert all(clipped[a] <= clipped[b] for a, b in (("0.1", "0.03"), ("0.03", "0.01"), ("0.01", "0.005")))
