@@ -91,3 +91,22 @@ def test_other_precisions_are_refused_by_name(precision):
     model = PPO(env="CartPole-v1", seed=0, total_env_steps=64)
     with pytest.raises(ValueError, match=f"precision '32-true' or 'bf16-mixed', got '{precision}'"):
         _fit(model, precision)
+
+
+@pytest.mark.parametrize("clip, precision, warns", [
+    ({"clip_param_schedule": "linear"}, "bf16-mixed", True),  # decays to 0
+    ({"clip_param_schedule": [[0, 0.1], [64, 0.02]]}, "bf16-mixed", True),
+    ({"clip_param": 0.02}, "bf16-mixed", True),
+    ({"clip_param_schedule": [[0, 0.2], [64, 0.05]]}, "bf16-mixed", False),
+    ({}, "bf16-mixed", False),  # constant 0.2
+    ({"clip_param_schedule": "linear"}, "32-true", False),
+], ids=["linear-bf16", "to-0.02-bf16", "0.02-bf16", "to-0.05-bf16", "constant-bf16", "linear-fp32"])
+def test_ppo_warns_of_a_clip_range_bf16_rounding_would_decide(clip, precision, warns, recwarn):
+    """Under bf16 the ratio starts an update off 1 by bf16's rounding (docs/guides/compile.md):
+    a clip range that reaches below 0.03 is warned of, once, naming the floor; float32 is not."""
+    _fit(PPO(env="CartPole-v1", seed=0, num_envs=2, rollout_fragment_length=16, sgd_minibatch_size=16,
+             total_env_steps=64, **clip), precision)
+    found = [w for w in recwarn if "clip range goes down to" in str(w.message)]
+    assert len(found) == (1 if warns else 0)
+    if warns:
+        assert "0.03" in str(found[0].message) and "bf16" in str(found[0].message)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -12,6 +13,10 @@ from lightning_rl.batch import SampleBatch
 from lightning_rl.distributed import mean_over_ranks
 from lightning_rl.functional import explained_variance, masked_mean, ppo_surrogate_loss, value_loss
 from lightning_rl.settings import Schedule, resolve_schedule
+
+# Under bf16-mixed the learner's log-probs differ from the float32 actor's by bf16 rounding, so the
+# ratio starts an update off 1 by up to about 0.02 for a trained policy (benchmarks/bf16_ratio.py).
+BF16_MIN_CLIP = 0.03
 
 
 class PPO(OnPolicyModule):
@@ -52,6 +57,15 @@ class PPO(OnPolicyModule):
                                             self.total_env_steps)
         self.kl_coeff = {policy_id: float(kl_coeff) for policy_id in self.policies}
         self.kl_target = kl_target
+
+    def on_fit_start(self) -> None:
+        super().on_fit_start()
+        lowest = min(v for _, v in self.clip_points) if self.clip_points else self.clip_param
+        if self.trainer.precision == "bf16-mixed" and lowest < BF16_MIN_CLIP and self.trainer.is_global_zero:
+            warnings.warn(f"PPO's clip range goes down to {lowest:g} under bf16-mixed: the learner's log-probs differ "
+                          f"from the float32 actor's by bf16 rounding, so below about {BF16_MIN_CLIP} rounding, not "
+                          "the update, decides which rows are clipped (docs/guides/compile.md); keep "
+                          "clip_param_schedule above it or train in float32", UserWarning, stacklevel=2)
 
     def loss_scalars(self, policy_id: str) -> dict[str, float]:
         return {"clip_param": self.current(self.clip_points, self.clip_param), "kl_coeff": self.kl_coeff[policy_id]}
