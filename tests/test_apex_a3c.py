@@ -427,7 +427,11 @@ def test_a3c_each_worker_computes_its_next_packet_with_its_own_update_applied():
     assert not children()
     iterations = model.counters["num_iterations"]
     assert model.counters["num_grad_updates"] == len(records) >= iterations  # one optimizer step per packet
-    assert model.counters["num_env_steps_sampled"] == 400 == 10 * len(records)  # 2 envs x 5 steps a packet
+    sampled = model.counters["num_env_steps_sampled"]
+    assert sampled == 10 * len(records)  # 2 envs x 5 steps a packet
+    # the budget stops fit after the iteration that reaches it; that iteration takes at most one
+    # packet per worker, so it overshoots by less than 2 packets (410 when both arrive together at 390)
+    assert 400 <= sampled < 400 + 2 * 10
     assert sorted({it for _, _, it in records}) == list(range(iterations))
     by_worker: dict[int, list[tuple[int, int]]] = {}
     for worker, version, iteration in records:
