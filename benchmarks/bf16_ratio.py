@@ -23,7 +23,7 @@ import torch
 from lightning_rl import PPO
 from lightning_rl.data.envs import make_vector_env
 
-CLIPS = (0.1, 0.03, 0.01, 0.005)
+CLIPS = (0.1, 0.03, 0.02, 0.01, 0.005)
 
 
 def main(argv: list[str] | None = None) -> dict:

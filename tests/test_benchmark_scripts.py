@@ -89,6 +89,5 @@ def test_bf16_ratio_prints_how_far_bf16_moves_ppo_ratio_as_json_last():
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     dev, clipped = result["abs_ratio_minus_1"], result["clipped_before_any_step"]
     assert result["rows"] == 32 and result["env"] == "ALE/Breakout-v5"
-    assert 0 < dev["median"] <= dev["p90"] <= dev["max"] < 0.1  # rounding moves it, and by little
-    assert sorted(clipped, key=float) == ["0.005", "0.01", "0.03", "0.1"] and clipped["0.1"] == 0.0
-    assert all(clipped[a] <= clipped[b] for a, b in (("0.1", "0.03"), ("0.03", "0.01"), ("0.01", "0.005")))
+    assert 0 < dev["median"] <= dev["p90"] <= dev["max"] < 1e-3  # the trunk's rounding moves it (float32 heads)
+    assert sorted(clipped, key=float) == ["0.005", "0.01", "0.02", "0.03", "0.1"] and clipped["0.005"] == 0.0

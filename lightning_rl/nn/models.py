@@ -16,7 +16,25 @@ from lightning_rl.nn.encoders import ACTIVATIONS, Activation, EncoderSpec, build
 from lightning_rl.nn.init import orthogonal_
 from lightning_rl.nn.normalization import RunningMeanStd
 
-__all__ = ["ACTIVATIONS", "MLP", "ActorCritic", "flat_obs_dim", "mlp", "preprocess_obs"]
+__all__ = ["ACTIVATIONS", "MLP", "ActorCritic", "Float32Linear", "flat_obs_dim", "mlp", "preprocess_obs"]
+
+
+class Float32Linear(nn.Linear):
+    """``nn.Linear`` that computes in float32 under autocast: the output heads (logits, values,
+    Q-values, Gaussian parameters) whose outputs losses compare across forwards.
+
+    Under ``precision="bf16-mixed"`` a bf16 head rounds logits to 8 bits of mantissa, so PPO's
+    ratio between the float32 actor and the learner is off 1 by about 0.5% per row before any
+    step (``benchmarks/bf16_ratio.py``); the trunk stays in bf16, the head's few rows of matmul
+    are float32 (standard mixed-precision practice: keep the logits' layer in full precision).
+    Same parameters and names as ``nn.Linear``; without autocast it is ``nn.Linear``.
+    """
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not torch.is_autocast_enabled(x.device.type):
+            return nn.functional.linear(x, self.weight, self.bias)
+        with torch.autocast(x.device.type, enabled=False):
+            return nn.functional.linear(x.float(), self.weight, self.bias)
 
 
 class MLP(nn.Sequential):
@@ -186,8 +204,8 @@ class ActorCritic(nn.Module):
         self.pi_encoder = self._trunk(in_dim, hiddens, activation, encoder)
         self.vf_encoder = None if vf_share_layers else self._trunk(in_dim, hiddens, activation, encoder)
         out_dim = self.features_dim
-        self.pi_head = nn.Linear(out_dim, num_outputs)
-        self.vf_head = nn.Linear(out_dim, 1)
+        self.pi_head = Float32Linear(out_dim, num_outputs)
+        self.vf_head = Float32Linear(out_dim, 1)
         # the user's encoder keeps its own initialization
         _init_linear(self.pi_encoder[self._user_layers:], math.sqrt(2))
         if self.vf_encoder is not None:

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from lightning_rl.nn.cnn import default_image_encoder
 from lightning_rl.nn.encoders import EncoderSpec
-from lightning_rl.nn.models import flat_obs_dim, mlp, preprocess_obs, trunk
+from lightning_rl.nn.models import Float32Linear, flat_obs_dim, mlp, preprocess_obs, trunk
 
 
 class QNetwork(nn.Module):
@@ -35,8 +35,8 @@ class QNetwork(nn.Module):
         # ``encoder`` (a CNN by default for images) then the MLP
         self.encoder, out_dim, _ = trunk(observation_space, flat_obs_dim(observation_space), hiddens, activation,
                                          encoder)
-        self.advantage_head = nn.Linear(out_dim, self.num_actions)
-        self.value_head = nn.Linear(out_dim, 1) if dueling else None
+        self.advantage_head = Float32Linear(out_dim, self.num_actions)
+        self.value_head = Float32Linear(out_dim, 1) if dueling else None
 
     def forward(self, obs: Tensor) -> Tensor:
         """``[N, *obs_shape]`` -> ``[N, num_actions]`` Q-values."""
@@ -82,7 +82,7 @@ class SquashedGaussianActor(nn.Module):
         # ``encoder`` (a CNN by default for images) then the MLP
         self.encoder, out_dim, _ = trunk(observation_space, flat_obs_dim(observation_space), hiddens, activation,
                                          encoder)
-        self.head = nn.Linear(out_dim, 2 * dim)
+        self.head = Float32Linear(out_dim, 2 * dim)
         low, high = torch.as_tensor(action_space.low, dtype=torch.float32), torch.as_tensor(action_space.high)
         self.register_buffer("action_mid", (high.float() + low) / 2)
         self.register_buffer("action_half", (high.float() - low) / 2)
@@ -138,8 +138,8 @@ class TwinQ(nn.Module):
             self.encoders, obs_dim = nn.ModuleList([layers for layers, _, _ in built]), built[0][1]
         in_dim = obs_dim + action_dim
         out_dim = hiddens[-1] if hiddens else in_dim
-        self.q1 = nn.Sequential(mlp(in_dim, hiddens, activation), nn.Linear(out_dim, 1))
-        self.q2 = nn.Sequential(mlp(in_dim, hiddens, activation), nn.Linear(out_dim, 1))
+        self.q1 = nn.Sequential(mlp(in_dim, hiddens, activation), Float32Linear(out_dim, 1))
+        self.q2 = nn.Sequential(mlp(in_dim, hiddens, activation), Float32Linear(out_dim, 1))
 
     def forward(self, obs: Tensor, actions: Tensor) -> tuple[Tensor, Tensor]:
         """``[N, *obs_shape]``, ``[N, dim]`` actions in ``[-1, 1]`` -> two ``[N]`` Q-values."""

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_rl.nn.init import orthogonal_
-from lightning_rl.nn.models import ActorCritic, _init_linear, preprocess_obs
+from lightning_rl.nn.models import ActorCritic, Float32Linear, _init_linear, preprocess_obs
 
 __all__ = ["RecurrentActorCritic"]
 
@@ -52,8 +52,8 @@ class RecurrentActorCritic(ActorCritic):
         self.pi_lstm = nn.LSTMCell(lstm_in, lstm_cell_size)
         self.vf_lstm = None if vf_share_layers else nn.LSTMCell(lstm_in, lstm_cell_size)
         num_outputs = self.pi_head.out_features
-        self.pi_head = nn.Linear(lstm_cell_size, num_outputs)
-        self.vf_head = nn.Linear(lstm_cell_size, 1)
+        self.pi_head = Float32Linear(lstm_cell_size, num_outputs)
+        self.vf_head = Float32Linear(lstm_cell_size, 1)
         _init_linear(self.pi_head, 0.01)
         _init_linear(self.vf_head, 1.0)
         for lstm in (self.pi_lstm, self.vf_lstm):
