@@ -7,7 +7,13 @@ under the policy in float32 and under ``torch.autocast("cpu", dtype=torch.bfloat
 ``--ckpt`` the policy's weights come from a PPO checkpoint (a trained policy's larger logits round
 further), else from PPO's initialization.
 
-    python benchmarks/bf16_ratio.py [--env ALE/Breakout-v5] [--steps 64] [--ckpt last.ckpt]
+With ``--after-steps N`` it then takes N Adam steps (``--lr``) of a policy-gradient loss with
+random advantages on minibatches of 256 rows under bf16 autocast, and compares two bf16 ratios
+with the float32 one of the moved weights: against the float32 actor's ``old_logp`` (what PPO
+does) and against ``old_logp`` recomputed by the learner's bf16 forward before the steps.
+
+    python benchmarks/bf16_ratio.py [--env ALE/Breakout-v5] [--steps 64] [--ckpt last.ckpt] \
+        [--after-steps 16 --lr 1e-5]
 
 The last stdout line is one JSON object with the figures.
 """
@@ -31,6 +37,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--env", default="ALE/Breakout-v5")
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--ckpt", default=None, help="a PPO checkpoint of the same env and network")
+    parser.add_argument("--after-steps", type=int, default=0, help="Adam steps before comparing old_logp sources")
+    parser.add_argument("--lr", type=float, default=1e-5, help="the Adam steps' learning rate")
     args = parser.parse_args(argv)
 
     model = PPO(env=args.env, num_envs=8, seed=0, hiddens=[], vf_share_layers=True)  # ppo_atari.yaml's network
@@ -66,8 +74,38 @@ def main(argv: list[str] | None = None) -> dict:
           f"{result['abs_ratio_minus_1']['p90']:.4f}, max {result['abs_ratio_minus_1']['max']:.4f}")
     for c in CLIPS:
         print(f"  clip_param {c}: {result['clipped_before_any_step'][str(c)]:.1%} of the rows clipped before any step")
+    if args.after_steps:
+        result["after_steps"] = _after_steps(net, x, a, logp32, logp16, args.after_steps, args.lr)
+        moved = result["after_steps"]
+        print(f"after {args.after_steps} Adam steps (lr {args.lr:g}; true |ratio - 1| median "
+              f"{moved['true_abs_ratio_minus_1_median']:.4f}), |bf16 ratio - float32 ratio| median / 90th percentile:")
+        for source, err in moved["ratio_error"].items():
+            print(f"  old_logp {source}: {err['median']:.4f} / {err['p90']:.4f}")
     print(json.dumps(result))
     return result
+
+
+def _after_steps(net: torch.nn.Module, x: torch.Tensor, a: torch.Tensor, logp32: torch.Tensor,
+                 logp16: torch.Tensor, steps: int, lr: float) -> dict:
+    gen = torch.Generator().manual_seed(0)
+    advantages = torch.randn(len(a), generator=gen)
+    optimizer = torch.optim.Adam(net.parameters(), lr=lr, eps=1e-5)
+    for _ in range(steps):
+        rows = torch.randperm(len(a), generator=gen)[:256]
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = -(advantages[rows] * net(x[rows])[0].log_prob(a[rows]).float()).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    with torch.no_grad():
+        new32 = net(x)[0].log_prob(a).float()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            new16 = net(x)[0].log_prob(a).float()
+    true = torch.exp(new32 - logp32)
+    errors = {"float32 actor": (torch.exp(new16 - logp32) - true).abs(),
+              "bf16 recomputed": (torch.exp(new16 - logp16) - true).abs()}
+    return {"steps": steps, "lr": lr, "true_abs_ratio_minus_1_median": (true - 1).abs().median().item(),
+            "ratio_error": {k: {"median": e.median().item(), "p90": e.quantile(0.9).item()} for k, e in errors.items()}}
 
 
 if __name__ == "__main__":

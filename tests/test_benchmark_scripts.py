@@ -83,6 +83,16 @@ def test_async_compares_ray_actors_with_processes_and_measures_ingest():
                for b in ("processes", "ray"))
 
 
+def test_bf16_ratio_after_steps_compares_both_old_logp_sources_with_moved_weights():
+    proc = run_benchmark("bf16_ratio", "--steps", "4", "--after-steps", "2", "--lr", "1e-3")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    moved = json.loads(proc.stdout.strip().splitlines()[-1])["after_steps"]
+    assert moved["steps"] == 2 and moved["lr"] == 1e-3
+    assert moved["true_abs_ratio_minus_1_median"] > 1e-3  # the steps moved the policy
+    assert set(moved["ratio_error"]) == {"float32 actor", "bf16 recomputed"}
+    assert all(0 <= e["median"] <= e["p90"] < 0.1 for e in moved["ratio_error"].values())
+
+
 def test_bf16_ratio_prints_how_far_bf16_moves_ppo_ratio_as_json_last():
     proc = run_benchmark("bf16_ratio", "--steps", "4")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -91,3 +101,4 @@ def test_bf16_ratio_prints_how_far_bf16_moves_ppo_ratio_as_json_last():
     assert result["rows"] == 32 and result["env"] == "ALE/Breakout-v5"
     assert 0 < dev["median"] <= dev["p90"] <= dev["max"] < 1e-3  # the trunk's rounding moves it (float32 heads)
     assert sorted(clipped, key=float) == ["0.005", "0.01", "0.02", "0.03", "0.1"] and clipped["0.005"] == 0.0
+    assert "after_steps" not in result
