@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import signal
 import socket
 from collections.abc import Callable
 from pathlib import Path
@@ -138,6 +139,12 @@ def free_port() -> int:
                 continue
             return port
     raise RuntimeError(f"no free port in {start}..{start + block - 1}")
+
+
+def default_sigint() -> None:
+    """``preexec_fn`` for a child a test Ctrl-Cs: SIGINT at its default, as from a terminal. A suite run as a
+    background job of a shell inherits SIGINT ignored, and Python then never raises KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def ddp_subprocess_env(**extra: str) -> dict[str, str]:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.conftest import default_sigint
 from tests.interrupt_worker import ITERATIONS, STEPS_PER_ITERATION
 from tests.test_async_faults import processes_of
 from tests.test_env_faults import live_pids
@@ -26,7 +27,8 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 
 def signal_at(args: list[str], sig: int, cwd: Path, at: str = "ITERATION 12", timeout: float = 240) -> tuple:
     """Run ``args``, send ``sig`` once a stdout line starts with ``at``; ``(exit code, output)``."""
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV, cwd=cwd)
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV, cwd=cwd,
+                            preexec_fn=default_sigint)
     lines = []
     deadline = time.monotonic() + timeout
     try:

@@ -23,7 +23,7 @@ import torch
 
 from lightning_rl import A3C, APEX, APPO, IMPALA
 from lightning_rl.data.async_sampling import POLICY_VERSION
-from tests.conftest import ddp_subprocess_env, quiet_trainer
+from tests.conftest import ddp_subprocess_env, default_sigint, quiet_trainer
 from tests.image_envs import BrightSide
 from tests.ray_worker import descendants
 from tests.test_env_faults import live_pids
@@ -281,7 +281,8 @@ def test_a_local_ray_is_started_for_the_run_and_nothing_outlives_fit_or_an_error
 def test_ctrl_c_stops_the_fit_and_its_local_ray(tmp_path):
     proc = subprocess.Popen([sys.executable, str(WORKER), "sigint", str(tmp_path)], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONPATH": str(WORKER.parents[1]), "OMP_NUM_THREADS": "1"})
+                            env={**os.environ, "PYTHONPATH": str(WORKER.parents[1]), "OMP_NUM_THREADS": "1"},
+                            preexec_fn=default_sigint)  # Ctrl-C at its default, as from a terminal
     lines: list[str] = []
     try:
         for line in proc.stdout:
