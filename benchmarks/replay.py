@@ -9,7 +9,8 @@ uniform sample, and the buffers' memory against the raw bytes of the transitions
 
 ``--frames``: stacked Atari frames instead, ``(4, 84, 84)`` uint8 with 4 Discrete actions. Bytes
 per transition (every array a buffer allocates, over its capacity) of lightning_rl's replay
-storing each frame once (uniform and prioritized), of its replay of whole observations, and of
+storing each frame once (uniform and prioritized), of its replay of whole observations, of APEX's
+replay of whole transitions with each packet's frames stored once and without, and of
 Stable-Baselines3's ``ReplayBuffer`` with ``optimize_memory_usage`` True and False, each built
 at ``--capacity`` (default 100k: the figures do not depend on it; ``per_1m_gb`` scales them
 to 1M transitions); then ``--fill`` steps of ``--game`` (random actions, the standard
@@ -33,7 +34,7 @@ import numpy as np
 import torch
 
 from lightning_rl.batch import SampleBatch
-from lightning_rl.data.buffers.replay_buffer import PrioritizedReplayBuffer, ReplayBuffer
+from lightning_rl.data.buffers.replay_buffer import PrioritizedReplayBuffer, ReplayBuffer, TransitionReplayBuffer
 
 
 def fill(buf: ReplayBuffer, steps: int, rng: np.random.Generator, episode_len: float = 100.0) -> float:
@@ -71,6 +72,8 @@ def array_nbytes(obj: object) -> int:
 
 def frames(args: argparse.Namespace) -> None:
     """The ``--frames`` figures (see the module docstring)."""
+    from lightning_rl.data.async_replay import NStepPriorityTask
+    from lightning_rl.data.buffers.packed_frames import PackedFrameReplayBuffer, frame_capacity_for
     from lightning_rl.data.envs import make_vector_env
 
     try:
@@ -89,12 +92,19 @@ def frames(args: argparse.Namespace) -> None:
         "ours_frames_per": PrioritizedReplayBuffer(cap, **ours, frame_stack=True),
         "ours_whole_obs": ReplayBuffer(cap, **ours),
     }
+    # APEX's replay of whole n-step transitions, frames once per packet at its defaults (4 envs, 16 steps, 3-step)
+    task = NStepPriorityTask(obs_space, act_space, 4, 16, 3, 0.99, 0.4, frame_stack=True)
+    apex_frames = frame_capacity_for(cap, 16, 3, 4, task.packet_frames())
+    buffers["ours_apex_packed"] = PackedFrameReplayBuffer(cap, obs_space, act_space, seed=args.seed,
+                                                          frame_capacity=apex_frames)
+    buffers["ours_apex_whole"] = TransitionReplayBuffer(cap, obs_space, act_space, seed=args.seed)
     if SB3ReplayBuffer is not None:
         buffers["sb3_optimize_memory"] = SB3ReplayBuffer(cap, obs_space, act_space, device="cpu",
                                                          optimize_memory_usage=True,
                                                          handle_timeout_termination=False)
         buffers["sb3"] = SB3ReplayBuffer(cap, obs_space, act_space, device="cpu")
-    per_transition = {name: (b.nbytes if isinstance(b, ReplayBuffer) else array_nbytes(b)) / cap
+    ours_types = (ReplayBuffer, TransitionReplayBuffer)
+    per_transition = {name: (b.nbytes if isinstance(b, ours_types) else array_nbytes(b)) / cap
                       for name, b in buffers.items()}
     print(f"stacked frames (4, 84, 84) uint8, Discrete(4), n_step={args.n_step}: bytes per transition "
           f"(capacity {cap:,})")

@@ -137,7 +137,8 @@ SETTINGS: dict[str, str] = {
     "prioritized_replay_eps": "added to each ``|td_error|`` so that no priority is 0.",
     "checkpoint_replay_buffer": "keep the replay buffer in checkpoints (exact resume); ``auto``: if it takes <= 1 GiB.",
     "replay_frame_stack": (
-        "store stacked frames once per step in the replay: ``auto`` for uint8 (K, H, W) frames of a K-frame-stack env."
+        "store stacked frames once (per step; APEX: per worker packet): ``auto`` for uint8 (K, H, W) frames of a "
+        "K-frame-stack env."
     ),
     "num_sgd_iter": "training iterations each batch is used for (the reference's ``num_passes``).",
     "minibatch_buffer_size": "batches handed out round robin, each ``num_sgd_iter`` times.",

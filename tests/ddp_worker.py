@@ -7,6 +7,7 @@ MODE ``check``: a few iterations of PPO CartPole (with an adaptive KL coefficien
 (its settings given as env_kwargs); ``spaces``: PPO on a Dict observation with MultiDiscrete actions;
 ``dqn``, ``dqn_uneven`` (the configuration where "enough data" used to differ between ranks),
 ``dqn_frames`` (DQN on stacked uint8 frames, stored once per step in a replay that wraps),
+``apex_frames`` (APEX on them, a worker per rank shipping packets of frames to a packed replay),
 ``sac``, ``a2c``, ``impala``, ``appo``, ``apex``: the other algorithms (the async ones with a
 sampler worker per rank); ``resume-ALGO-PHASE`` (ALGO ``ppo``/``dqn``/``apex``, PHASE
 ``full``: 8192 global env steps, ``first``: the first 4096 then a checkpoint in OUT_DIR,
@@ -155,6 +156,10 @@ def main(out: Path, mode: str) -> None:
         model = APEX(env="CartPole-v1", num_workers=1, num_envs=2, rollout_fragment_length=10, hiddens=(16,),
                      learning_starts=40, num_gradient_steps=2, train_batch_size=16, target_network_update_freq=64,
                      total_env_steps=2 * 20 * 8, sampler_timeout_s=60.0, **common)
+    elif mode == "apex_frames":  # (4, 16, 16) stacks: each rank's worker ships packets of frames to its packed replay
+        model = APEX(env=stacked_bright_side, num_workers=1, num_envs=2, rollout_fragment_length=8, hiddens=(16,),
+                     learning_starts=32, num_gradient_steps=2, train_batch_size=16, target_network_update_freq=64,
+                     buffer_size=48, total_env_steps=2 * 16 * 8, sampler_timeout_s=60.0, **common)
     elif mode.startswith("multi_agent"):  # rank 1's envs never see the helper: its policy has rows on rank 0 only
         if mode == "multi_agent_impala":  # a sampler worker per rank; rank 1's helper columns are all invalid
             model = IMPALA(env=RankRelay, policies=["p_runner", "p_helper"], policy_mapping_fn=by_agent,

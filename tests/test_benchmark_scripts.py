@@ -55,8 +55,10 @@ def test_replay_frames_prints_bytes_per_transition_against_sb3_as_json_last():
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     per = result["bytes_per_transition"]
-    ours = ["ours_frames", "ours_frames_per", "ours_whole_obs"]
+    ours = ["ours_apex_packed", "ours_apex_whole", "ours_frames", "ours_frames_per", "ours_whole_obs"]
     assert per["ours_frames"] < per["ours_frames_per"] <= 7_500 < 28_224 < per["ours_whole_obs"]
+    # APEX at its defaults: at most 23 frames per 16 transitions, against both stacks whole
+    assert 10_100 < per["ours_apex_packed"] < 10_300 and 56_400 < per["ours_apex_whole"] < 56_600
     if importlib.util.find_spec("stable_baselines3") is None:
         assert sorted(per) == ours and "stable_baselines3 is not installed" in proc.stdout
         assert sorted(result["sample_ms"]) == ["ours_frames", "ours_whole_obs"]

@@ -134,6 +134,16 @@ def test_dqn_on_stacked_frames_stored_once_under_ddp(tmp_path):
     assert r0["buffer_obs"] != r1["buffer_obs"]  # each rank's own frames
 
 
+def test_apex_on_stacked_frames_packed_under_ddp(tmp_path):
+    """APEX on (4, 16, 16) frame stacks with a sampler worker per rank, each rank's replay storing its
+    worker's frames once: both ranks take the same steps and end with identical weights."""
+    r0, r1, _ = run_ddp(tmp_path, "apex_frames", timeout=300)
+    assert r0["replay_frame_stack"] is r1["replay_frame_stack"] is True
+    assert r0["params"] == r1["params"]
+    assert r0["counters"]["num_grad_updates"] == r1["counters"]["num_grad_updates"] > 0
+    assert r0["buffer_obs"] != r1["buffer_obs"]  # each rank's own frames
+
+
 def test_off_policy_ranks_start_learning_together(tmp_path):
     """The configuration where each rank used to decide "enough data to train" from its own buffer,
     so one rank entered an all-reduce the other never reached (gloo aborted, NCCL would hang)."""

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_rl import APEX, DQN
+from lightning_rl import DQN
 from lightning_rl.batch import SampleBatch
 from lightning_rl.data.buffers import replay_buffer
 from lightning_rl.data.buffers.frames import use_frame_storage
@@ -242,16 +242,9 @@ def test_checkpoint_replay_buffer_auto_keeps_buffers_up_to_1_gib(monkeypatch):
     assert dm.local_state()["buffer"] is None
 
 
-def test_apex_and_plain_images_keep_whole_observations():
-    """APEX's replay holds the workers' whole transitions; an image that is no declared frame
-    stack (HWC, one frame) is stored whole."""
-    apex = APEX(env=stacked_bright_side, num_workers=0, num_envs=2, rollout_fragment_length=8, learning_starts=16,
-                buffer_size=64, train_batch_size=8, num_gradient_steps=1, hiddens=(16,), total_env_steps=64, seed=0)
-    assert "replay_frame_stack" not in apex.hparams
-    quiet_trainer(max_epochs=-1).fit(apex)
-    assert apex.counters["num_grad_updates"] > 0
-    batch = apex.default_datamodule.buffer.sample(4)
-    assert batch[SampleBatch.OBS].shape == batch[SampleBatch.NEXT_OBS].shape == (4, 4, 16, 16)
+def test_plain_images_keep_whole_observations():
+    """An image that is no declared frame stack (HWC, one frame) is stored whole (APEX's replay of
+    whole transitions: tests/test_packed_frames.py)."""
     dqn = DQN(env=BrightSide, seed=0, buffer_size=64, learning_starts=16, train_freq=16, total_env_steps=32,
               num_gradient_steps=1, train_batch_size=8)
     quiet_trainer(max_epochs=-1).fit(dqn)

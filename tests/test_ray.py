@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import ray
 import torch
@@ -24,7 +25,7 @@ import torch
 from lightning_rl import A3C, APEX, APPO, IMPALA
 from lightning_rl.data.async_sampling import POLICY_VERSION
 from tests.conftest import ddp_subprocess_env, default_sigint, quiet_trainer
-from tests.image_envs import BrightSide
+from tests.image_envs import BrightSide, stacked_bright_side
 from tests.ray_worker import descendants
 from tests.test_env_faults import live_pids
 
@@ -101,6 +102,28 @@ def test_a_ray_actor_samples_exactly_what_a_worker_process_samples(cluster):
     assert set(processes) == set(actors)
     for key in processes:
         assert torch.equal(processes[key], actors[key]), key
+
+
+def test_apex_packets_of_frames_arrive_through_ray_as_from_a_process(cluster):
+    """APEX on frame stacks: the worker's packet of distinct frames and indices, from a Ray actor,
+    fills the learner's packed replay exactly as the same worker's packet from a process does."""
+    settings = dict(env=stacked_bright_side, num_workers=1, num_envs=2, rollout_fragment_length=8, hiddens=(16,),
+                    seed=3, learning_starts=0, sampler_timeout_s=60.0)
+    states = {}
+    for backend in ("processes", "ray"):
+        dm = started(APEX(**settings, sampler_backend=backend))
+        try:
+            dm.sample()
+            assert dm.frame_stack is True
+            states[backend] = dm.buffer.state_dict()
+        finally:
+            dm.close()
+    processes, actors = states["processes"], states["ray"]
+    assert processes["frames_added"] == actors["frames_added"] > 0 and processes["num_added"] > 0
+    assert actors["frames"].dtype == np.uint8
+    for key, value in processes.items():
+        if isinstance(value, np.ndarray):
+            assert np.array_equal(value, actors[key]), key
 
 
 class Versions:

@@ -50,7 +50,6 @@ class APEX(SamplerWorkers, LearnerQueue, DQN):
     fixed_settings: ClassVar[dict[str, Any]] = dict(
         sampling_device="cpu", train_freq=64, tau=1.0, prioritized_replay=True, epsilon_start=1.0, epsilon_end=0.02,
         epsilon_timesteps=10_000, policies=None, policy_mapping_fn=None, policies_to_train=None,
-        replay_frame_stack=False,  # the replay holds whole transitions from the workers
     )
 
     def __init__(
@@ -72,7 +71,7 @@ class APEX(SamplerWorkers, LearnerQueue, DQN):
             prioritized_replay_eps=settings["prioritized_replay_eps"], epsilon=epsilon, epsilon_alpha=epsilon_alpha,
             vectorization=self.vectorization, seed=self.seed, iterations_per_epoch=self.iterations_per_epoch,
             check_finite=self.check_finite, checkpoint_replay_buffer=settings["checkpoint_replay_buffer"],
-            **self.worker_settings, **self.queue_settings,
+            replay_frame_stack=settings["replay_frame_stack"], **self.worker_settings, **self.queue_settings,
         )
         if training_intensity is not None and num_gradient_steps is not None:
             raise ValueError("give training_intensity or num_gradient_steps, not both")

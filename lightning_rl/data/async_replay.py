@@ -22,6 +22,16 @@ from lightning_rl.batch import MultiAgentBatch, SampleBatch
 from lightning_rl.checkpoint import pack_rank_states, unpack_rank_state
 from lightning_rl.data.async_sampling import POLICY_VERSION, AsyncSamplingDataModule, FragmentTask
 from lightning_rl.data.base import rank_seed
+from lightning_rl.data.buffers.frames import check_frame_stack_setting, frame_stack_problem, use_frame_storage
+from lightning_rl.data.buffers.packed_frames import (
+    FRAMES,
+    NEXT_OBS_FRAMES,
+    OBS_FRAMES,
+    PackedFrameReplayBuffer,
+    concat_packets,
+    frame_capacity_for,
+    pack_frames,
+)
 from lightning_rl.data.buffers.replay_buffer import (
     NStepWindows,
     ReplayBuffer,
@@ -30,7 +40,7 @@ from lightning_rl.data.buffers.replay_buffer import (
     keeps_replay,
 )
 from lightning_rl.data.buffers.sum_tree import ProportionalPriorities
-from lightning_rl.data.envs import EnvSpec
+from lightning_rl.data.envs import EnvSpec, make_vector_env
 from lightning_rl.data.rollout import RolloutDataModule
 from lightning_rl.data.workers import Fragment
 from lightning_rl.functional import double_q_target
@@ -54,10 +64,12 @@ class NStepPriorityTask(FragmentTask):
     replay sets the initial priorities ``(|td| + eps)**alpha``."""
 
     def __init__(self, observation_space: gym.Space, action_space: gym.Space, num_envs: int,
-                 rollout_fragment_length: int, n_step: int, gamma: float, epsilon: float) -> None:
+                 rollout_fragment_length: int, n_step: int, gamma: float, epsilon: float,
+                 frame_stack: bool = False) -> None:
         self.spaces = (observation_space, action_space)
         self.num_envs, self.rollout_fragment_length = num_envs, rollout_fragment_length
         self.n_step, self.gamma, self.epsilon = n_step, gamma, epsilon
+        self.frame_stack = frame_stack  # ship stacked frames once (packed_frames.pack_frames)
         self._windows: NStepWindows | None = None  # made in the worker, on first use
 
     def exploration(self) -> dict[str, Any]:
@@ -68,7 +80,16 @@ class NStepPriorityTask(FragmentTask):
         probe = NStepWindows(*self.spaces, 1, 1, self.n_step, self.gamma)._transitions(np.zeros(1, dtype=np.int64))
         cols = {k: ((rows, *v.shape[1:]), v.dtype) for k, v in probe.items() if k in TransitionReplayBuffer.COLUMNS}
         cols[TD_ERROR] = ((rows,), torch.float32)
+        if self.frame_stack:  # at most every frame of every stack distinct
+            stack, height, width = self.spaces[0].shape
+            del cols[SampleBatch.OBS], cols[SampleBatch.NEXT_OBS]
+            cols.update({FRAMES: ((2 * stack * rows, height, width), torch.uint8),
+                         OBS_FRAMES: ((rows, stack), torch.int32), NEXT_OBS_FRAMES: ((rows, stack), torch.int32)})
         return cols
+
+    def packet_frames(self) -> int:
+        """The most frames one packet ships."""
+        return 2 * self.spaces[0].shape[0] * (self.rollout_fragment_length + self.n_step) * self.num_envs
 
     def windows(self) -> NStepWindows:
         if self._windows is None:
@@ -82,7 +103,10 @@ class NStepPriorityTask(FragmentTask):
         with torch.no_grad():
             tensors = {k: batch[k] for k in TransitionReplayBuffer.COLUMNS}
             tensors[TD_ERROR] = td_errors(policy, batch)
-        return tensors, {"count": len(tensors[TD_ERROR])}
+        if not self.frame_stack:
+            return tensors, {"count": len(tensors[TD_ERROR])}
+        tensors.update(pack_frames(tensors.pop(SampleBatch.OBS), tensors.pop(SampleBatch.NEXT_OBS)))
+        return tensors, {"count": len(tensors[TD_ERROR]), "counts": {FRAMES: len(tensors[FRAMES])}}
 
 
 def td_errors(q_net: nn.Module, batch: SampleBatch) -> torch.Tensor:
@@ -112,8 +136,10 @@ class ApexDataModule(AsyncSamplingDataModule):
         epsilon, epsilon_alpha: the workers' epsilons (``worker_epsilons``); the learner
             process samples with worker 0's when ``num_workers=0``.
         checkpoint_replay_buffer: keep the replay in checkpoints (``"auto"``: when it takes at most
-            1 GiB, ``keeps_replay``). The replay holds whole transitions (``obs`` and ``next_obs``):
-            stacked frames are not stored once per step here.
+            1 GiB, ``keeps_replay``).
+        replay_frame_stack: the workers ship each packet's distinct frames once and the replay stores
+            them once (``PackedFrameReplayBuffer``): ``"auto"`` for a uint8 ``(K, H, W)`` space whose env
+            declares a ``K``-frame stack (``frames.use_frame_storage``); ``frame_stack`` is what was decided.
         sampling: ``AsyncSamplingDataModule``'s other settings (``learner_queue_size``, ``seed``...).
     """
 
@@ -135,6 +161,7 @@ class ApexDataModule(AsyncSamplingDataModule):
         epsilon: float = 0.4,
         epsilon_alpha: float = 7.0,
         checkpoint_replay_buffer: bool | str = "auto",
+        replay_frame_stack: bool | str = "auto",
         **sampling: Any,
     ) -> None:
         super().__init__(
@@ -146,6 +173,9 @@ class ApexDataModule(AsyncSamplingDataModule):
         if learning_starts < 0:
             raise ValueError(f"learning_starts must be >= 0, got {learning_starts}")
         check_checkpoint_replay_setting(checkpoint_replay_buffer)
+        check_frame_stack_setting(replay_frame_stack)
+        self.replay_frame_stack = replay_frame_stack
+        self.frame_stack: bool | None = None  # decided in setup, from the env's space and metadata
         self.buffer_size, self.learning_starts = buffer_size, learning_starts
         self.n_step, self.gamma = n_step, gamma
         self.alpha, self.eps = prioritized_replay_alpha, prioritized_replay_eps
@@ -170,21 +200,41 @@ class ApexDataModule(AsyncSamplingDataModule):
     def _new_task(self, index: int) -> NStepPriorityTask:
         module = self.module
         return NStepPriorityTask(module.observation_space, module.action_space, self.num_envs,
-                                 self.rollout_fragment_length, self.n_step, self.gamma, self.epsilons[index])
+                                 self.rollout_fragment_length, self.n_step, self.gamma, self.epsilons[index],
+                                 bool(self.frame_stack))
 
     def setup(self, stage: str) -> None:
         if self.buffer is None:
             module = self.module if self.module is not None else self.trainer.lightning_module
             rank = self.trainer.global_rank if self.trainer is not None else 0
-            self.buffer = TransitionReplayBuffer(self.buffer_size, module.observation_space, module.action_space,
-                                                 self.alpha, self.eps, seed=rank_seed(self.seed, rank))
+            space, seed = module.observation_space, rank_seed(self.seed, rank)
+            self.frame_stack = self._stores_frames(space)
+            if self.frame_stack:
+                task = self._new_task(0)
+                frames = frame_capacity_for(self.buffer_size, self.rollout_fragment_length, self.n_step,
+                                            space.shape[0], task.packet_frames() * max(self.num_workers, 1))
+                self.buffer = PackedFrameReplayBuffer(self.buffer_size, space, module.action_space, self.alpha,
+                                                      self.eps, seed=seed, frame_capacity=frames)
+            else:
+                self.buffer = TransitionReplayBuffer(self.buffer_size, space, module.action_space, self.alpha,
+                                                     self.eps, seed=seed)
         super().setup(stage)
+
+    def _stores_frames(self, space: gym.Space) -> bool:
+        """``replay_frame_stack``'s rule (``use_frame_storage``), with the env's metadata from a probe env."""
+        if self.replay_frame_stack is False or (self.replay_frame_stack == "auto" and frame_stack_problem(space)):
+            return False
+        probe = make_vector_env(self.env, 1, self.vectorization)
+        try:
+            return use_frame_storage(self.replay_frame_stack, space, probe.metadata)
+        finally:
+            probe.close()
 
     # ------------------------------------------------------------ the learner's side
     def _assemble(self, fragments: list[Fragment], info: dict[str, Any], perf: dict[str, float]) -> MultiAgentBatch:
         """Fragments' transitions one after the other (``[K]`` rows, ``K`` varying), and the
         fragments' ``policy_version`` (one each)."""
-        cols = {k: torch.cat([f.tensors[k] for f in fragments]) for k in fragments[0].tensors}
+        cols = concat_packets([f.tensors for f in fragments])
         versions = torch.tensor([f.version for f in fragments], dtype=torch.int64)
         info["perf"] = perf
         info["agent_steps_sampled"] = self.train_batch_size
@@ -206,7 +256,7 @@ class ApexDataModule(AsyncSamplingDataModule):
         batch = self._next_batch()
         cols = batch.policy_batches[self.policy_id]
         inserted = len(cols[TD_ERROR])
-        self.buffer.add({k: cols[k] for k in TransitionReplayBuffer.COLUMNS}, cols[TD_ERROR])
+        self.buffer.add({k: v for k, v in cols.items() if k != TD_ERROR}, cols[TD_ERROR])
         self.env_steps += batch.env_steps
         now = time.perf_counter()
         elapsed = max(now - self._last_sample, 1e-9)

@@ -124,7 +124,7 @@ class FragmentTask:
         """``(tensors for the slot, a small picklable extra)`` from one time-major fragment
         (``rollout`` ``[T, N]`` columns, ``valid`` ``[T, N]``, ``bootstrap_obs`` ``[N, ...]``).
         Tensors shorter than their slot's first dimension fill its first rows (the extra then
-        says how many: ``count``)."""
+        says how many: ``count``, and ``counts: {column: rows}`` for columns of other lengths)."""
         return {**rollout, VALID: valid, BOOTSTRAP_OBS: bootstrap_obs}, {}
 
 

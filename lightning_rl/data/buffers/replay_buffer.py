@@ -607,15 +607,19 @@ class TransitionReplayBuffer:
         self.capacity = int(capacity)
         obs_shape, obs_dtype = _space_layout(observation_space, "observation", action=False)
         action_shape, action_dtype = _space_layout(action_space, "action", action=True)
-        layout = {
+        layout = self._layout({
             SampleBatch.OBS: (obs_shape, obs_dtype), SampleBatch.ACTIONS: (action_shape, action_dtype),
             SampleBatch.REWARDS: ((), np.dtype(np.float32)), SampleBatch.NEXT_OBS: (obs_shape, obs_dtype),
             SampleBatch.TERMINATEDS: ((), np.dtype(bool)), SampleBatch.DISCOUNTS: ((), np.dtype(np.float32)),
-        }
+        })
         self._columns = {k: np.zeros((self.capacity, *shape), dtype=dtype) for k, (shape, dtype) in layout.items()}
         self.prio = ProportionalPriorities(self.capacity, alpha, eps)
         self.num_added = 0
         self.rng = np.random.default_rng(seed)
+
+    def _layout(self, layout: dict[str, tuple[tuple[int, ...], np.dtype]]) -> dict[str, tuple[tuple[int, ...], Any]]:
+        """The stored columns' per-row shapes and dtypes (a subclass stores observations otherwise)."""
+        return layout
 
     def __len__(self) -> int:
         return min(self.num_added, self.capacity)
@@ -633,7 +637,7 @@ class TransitionReplayBuffer:
         td = None if td_errors is None else _as_numpy(td_errors).astype(np.float64).reshape(-1)
         if td is not None:
             k = td.size
-        for key in self.COLUMNS:
+        for key in self._columns:
             if len(transitions[key]) != k:
                 raise ValueError(f"add: {len(transitions[key])} rows of {key!r} for {k} td_errors")
         if k == 0:
@@ -643,9 +647,9 @@ class TransitionReplayBuffer:
         ids = self.num_added + np.arange(k, dtype=np.int64)
         if k > self.capacity:  # only the newest fit
             ids, td = ids[-self.capacity:], None if td is None else td[-self.capacity:]
-            transitions = {key: transitions[key][-self.capacity:] for key in self.COLUMNS}
+            transitions = {key: transitions[key][-self.capacity:] for key in self._columns}
         slots = ids % self.capacity
-        for key in self.COLUMNS:
+        for key in self._columns:
             self._columns[key][slots] = _as_numpy(transitions[key])
         if td is None:
             self.prio.set_max(slots)
@@ -673,10 +677,14 @@ class TransitionReplayBuffer:
         # The insertion number of the transition now in each slot.
         newest_slot = (self.num_added - 1) % self.capacity
         ids = self.num_added - 1 - (newest_slot - slots) % self.capacity
-        batch = SampleBatch({key: torch.tensor(self._columns[key].take(slots, axis=0)) for key in self.COLUMNS})
+        batch = SampleBatch(self._rows(slots))
         batch[SampleBatch.BATCH_INDEXES] = torch.from_numpy(ids)
         batch[SampleBatch.WEIGHTS] = torch.from_numpy(weights)
         return batch
+
+    def _rows(self, slots: np.ndarray) -> dict[str, torch.Tensor]:
+        """The transitions in ``slots``, one tensor per column."""
+        return {key: torch.tensor(column.take(slots, axis=0)) for key, column in self._columns.items()}
 
     def update_priorities(self, batch_indexes: Any, td_errors: Any) -> None:
         """``(|td| + eps)**alpha`` for the rows ``batch_indexes`` names; rows overwritten since

@@ -174,8 +174,8 @@ class ProcessPool(WorkerPool):
                 f"Traceback in the worker process:\n{trace}"
             )
         _, index, slot, version, seconds, episodes, extra = message
-        count = extra.get("count")
-        tensors = {k: (v if count is None else v[:count]).clone() for k, v in self.slots[slot].items()}
+        counts = {k: extra.get("counts", {}).get(k, extra.get("count")) for k in self.slots[slot]}
+        tensors = {k: (v if counts[k] is None else v[:counts[k]]).clone() for k, v in self.slots[slot].items()}
         if self.spec.hold:  # and which incarnation of the worker it is from (see release)
             extra["slot"] = (slot, self.restarts[index])
         else:
