@@ -213,3 +213,13 @@ def test_apex_resume_with_the_packed_replay(tmp_path):
     a, b = (m.default_datamodule.buffer for m in (straight, resumed))
     assert isinstance(a, PackedFrameReplayBuffer) and a.frames_added > a.frame_capacity
     assert np.array_equal(a.frames, b.frames) and a.first_live == b.first_live
+
+
+def test_resuming_a_whole_transition_replay_into_a_packed_one_names_the_setting(tmp_path):
+    kwargs = {**APEX_FRAMES, "num_workers": 0, "buffer_size": 40, "total_env_steps": None}
+    trainer = quiet_trainer(max_epochs=1)
+    trainer.fit(APEX(**kwargs, replay_frame_stack=False))
+    trainer.save_checkpoint(tmp_path / "whole.ckpt")
+    with pytest.raises(ValueError, match=r"the checkpoint's replay holds whole transitions: resume with "
+                                         r"replay_frame_stack=False"):
+        quiet_trainer(max_epochs=2).fit(APEX(**kwargs), ckpt_path=tmp_path / "whole.ckpt")

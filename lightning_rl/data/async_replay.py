@@ -312,6 +312,10 @@ class ApexDataModule(AsyncSamplingDataModule):
         mine = unpack_rank_state(state.get("replay"), self.rank, world_size, "replay buffer")
         if mine is None or mine["buffer"] is None or self.buffer is None:
             return  # an empty replay: learning_starts counts from here
+        packed = "frame_capacity" in mine["buffer"]["config"]
+        if packed != isinstance(self.buffer, PackedFrameReplayBuffer):
+            kind = "stores stacked frames once" if packed else "holds whole transitions"
+            raise ValueError(f"the checkpoint's replay {kind}: resume with replay_frame_stack={packed}")
         self.buffer.load_state_dict(mine["buffer"])
         self.env_steps = int(mine["env_steps"])
         if mine["windows"] is not None and self.num_workers == 0:
