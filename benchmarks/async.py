@@ -29,7 +29,9 @@ Usage::
     python benchmarks/async.py --env ALE/Breakout-v5 --workers 0,2 --steps 8000 --precision bf16-mixed
 
 ``--precision bf16-mixed`` runs the learner under bfloat16 autocast (the workers act in float32);
-``--vectorization envpool`` steps every worker's envs with envpool.
+``--vectorization envpool`` steps every worker's envs with envpool; ``--learner-threads N`` gives
+the learner process N torch threads (``num_cpu_threads``) in every run, 0 workers included (each
+sampler worker keeps one).
 
 ``--backend ray`` runs every worker count above 0 twice, with worker processes and with Ray actors
 (``sampler_backend="ray"``) on a local Ray started once before the runs (``ray.init(num_cpus=<cores>)``,
@@ -72,10 +74,12 @@ class Lag(pl.Callback):
         self.lag_max = 0.0
         self.waits: list[float] = []
         self.first: tuple[float, int] | None = None  # (time, env steps sampled) when the first batch arrived
+        self.threads = 0  # the learner's torch threads during fit
 
     def on_train_batch_start(self, trainer: pl.Trainer, module: Any, batch: Any, batch_idx: int) -> None:
         if self.first is None:
             self.first = (time.perf_counter(), int(module.counters["num_env_steps_sampled"]))
+            self.threads = torch.get_num_threads()
         perf = batch.info.get("perf", {})
         self.lags.append(perf.get("policy_lag_mean", 0.0))
         self.lag_max = max(self.lag_max, perf.get("policy_lag_max", 0.0))
@@ -93,10 +97,12 @@ def settings(algo: type, env: str, num_envs: int) -> dict[str, Any]:
 
 
 def run(algo: type, workers: int, steps: int, num_envs: int, seed: int, env: str = "CartPole-v1",
-        backend: str = "processes", precision: str = "32-true", vectorization: str = "auto") -> dict[str, Any]:
+        backend: str = "processes", precision: str = "32-true", vectorization: str = "auto",
+        learner_threads: int = 1) -> dict[str, Any]:
     pixels = env.startswith("ALE/")
     model = algo(**settings(algo, env, num_envs), num_workers=workers, total_env_steps=steps, seed=seed,
-                 sampler_backend=backend if workers else "processes", vectorization=vectorization)
+                 sampler_backend=backend if workers else "processes", vectorization=vectorization,
+                 num_cpu_threads=learner_threads)
     lag = Lag()
     trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, callbacks=[lag], precision=precision)
@@ -112,7 +118,7 @@ def run(algo: type, workers: int, steps: int, num_envs: int, seed: int, env: str
         "start_s": lag.first[0] - start,
         "trained_per_s": model.counters["num_env_steps_trained"] / seconds,
         "lag_mean": float(np.mean(lag.lags)), "lag_max": int(lag.lag_max),
-        "learner_wait_ms": float(np.mean(lag.waits)),
+        "learner_wait_ms": float(np.mean(lag.waits)), "learner_threads": lag.threads,
         "greedy": float(np.mean(evaluate(model, num_episodes=2 if pixels else 10, seed=seed + 10_000))),
     }
 
@@ -191,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--precision", choices=["32-true", "bf16-mixed"], default="32-true",
                    help="the learner's Trainer precision (default 32-true)")
     p.add_argument("--vectorization", default="auto", help="the envs' vector backend (auto, sync, envpool...)")
+    p.add_argument("--learner-threads", type=int, default=1,
+                   help="the learner's torch threads (num_cpu_threads) in every run; the workers keep one (default 1)")
     p.add_argument("--ingest", action="store_true", help="the learner's cost per fragment, per backend (no envs)")
     p.add_argument("--ingest-seconds", type=float, default=10.0, help="seconds of each --ingest measurement")
     args = p.parse_args(argv)
@@ -233,7 +241,7 @@ def compare(args: argparse.Namespace, load: float) -> int:
     for seed in range(args.repeats):
         for workers, backend in configs:
             r = run(algo, workers, args.steps, args.num_envs, seed, args.env, backend, args.precision,
-                    args.vectorization)
+                    args.vectorization, args.learner_threads)
             runs.append(r)
             print(f"[{args.algo} workers={workers} {backend} seed={seed}] {r['env_steps']:,} steps in "
                   f"{r['fit_s']:.1f}s = {r['steps_per_s']:,.0f} steps/s ({r['steady_steps_per_s']:,.0f} from the first "
@@ -272,8 +280,8 @@ def compare(args: argparse.Namespace, load: float) -> int:
               f"{statistics.fmean(r['greedy'] for r in mine):.0f} |")
     print(json.dumps({"benchmark": "async", "algo": args.algo, "env": args.env, "steps": args.steps,
                       "num_envs": args.num_envs, "backend": args.backend, "precision": args.precision,
-                      "vectorization": args.vectorization, "load": load, "summary": summary,
-                      "runs": runs}))
+                      "vectorization": args.vectorization, "learner_threads": args.learner_threads, "load": load,
+                      "summary": summary, "runs": runs}))
     return 0
 
 

@@ -68,6 +68,14 @@ def test_replay_frames_prints_bytes_per_transition_against_sb3_as_json_last():
         assert sorted(result["sample_ms"]) == ["ours_frames", "ours_whole_obs", "sb3_optimize_memory"]
 
 
+def test_async_learner_threads_sets_the_learners_torch_threads_in_every_run():
+    proc = run_benchmark("async", "--workers", "0,1", "--steps", "400", "--repeats", "1", "--learner-threads", "2",
+                         timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["learner_threads"] == 2 and [r["learner_threads"] for r in result["runs"]] == [2, 2]
+
+
 @pytest.mark.slow  # a local Ray each, actors importing torch: about a minute on 2 cores
 def test_async_compares_ray_actors_with_processes_and_measures_ingest():
     proc = run_benchmark("async", "--backend", "ray", "--workers", "0,1", "--steps", "1200", "--repeats", "1",
@@ -77,6 +85,7 @@ def test_async_compares_ray_actors_with_processes_and_measures_ingest():
     assert sorted(result["summary"]) == ["0 -", "1 processes", "1 ray"]
     ray_row = result["summary"]["1 ray"]
     assert ray_row["steps_per_s"] > 0 and ray_row["vs_processes"] > 0 and ray_row["steady_vs_processes"] > 0
+    assert {r["learner_threads"] for r in result["runs"]} == {1}
     proc = run_benchmark("async", "--ingest", "--ingest-seconds", "1", timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
