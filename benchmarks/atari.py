@@ -22,7 +22,11 @@ fits, the envs alone: 8 envs stepped with random actions on each backend (``--en
 so the env's part of a step is seen apart from the networks'. ``--precisions 32-true,bf16-mixed``
 also runs ours with ``Trainer(precision="bf16-mixed")`` (the update's convolutions and matrix
 products in bfloat16, which CPUs with AMX or AVX512-BF16 run faster; SB3 has no such setting),
-named ``ours-<backend>-bf16``. The last line is one JSON object.
+named ``ours-<backend>-bf16``; ``--compile false,true`` also runs ours with ``compile=True`` (the
+update as compiled graphs, ``-compiled``). Besides the fit's rate, each row reports the steady
+rate, env steps/s from the end of the first training iteration (ours: the first training step,
+a compiled update's compilation included; SB3: its first update) to the end: what a long run
+sees. The last line is one JSON object.
 
     python benchmarks/atari.py --algos ppo,dqn --seeds 2 --ppo-steps 8192 --dqn-steps 6000
 """
@@ -43,27 +47,43 @@ import torch
 GAME = "ALE/Breakout-v5"
 
 
-def quiet_trainer(precision: str = "32-true") -> pl.Trainer:
+def quiet_trainer(precision: str = "32-true", callbacks: list[pl.Callback] | None = None) -> pl.Trainer:
     return pl.Trainer(max_epochs=-1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                      enable_model_summary=False, precision=precision)
+                      enable_model_summary=False, precision=precision, callbacks=callbacks)
+
+
+class Steady(pl.Callback):
+    """The time and env steps at the end of the first training iteration (a compiled update's
+    compilation included), from which the steady rate is counted."""
+
+    def __init__(self) -> None:
+        self.first: tuple[float, int] | None = None
+
+    def on_train_batch_end(self, trainer: pl.Trainer, module: Any, *args: Any) -> None:
+        if self.first is None:
+            self.first = (time.perf_counter(), int(module.counters["num_env_steps_sampled"]))
 
 
 def ours(algo: str, seed: int, steps: int, game: str, vectorization: str,
-         precision: str = "32-true") -> tuple[float, float]:
-    """Env steps per second of ``fit``, and the share of its time spent sampling."""
+         precision: str = "32-true", compile: bool = False) -> tuple[float, float, float, int]:
+    """Env steps per second of ``fit``, the share of its time spent sampling, the steady env steps
+    per second (after the first iteration) and the graphs torch.compile made."""
+    import torch._dynamo
+
     import lightning_rl as L
 
     if algo == "ppo":
         model = L.PPO(env=game, seed=seed, num_envs=8, rollout_fragment_length=128, num_sgd_iter=4,
                       sgd_minibatch_size=256, lr=2.5e-4, clip_param=0.1, entropy_coeff=0.01, vf_loss_coeff=0.5,
                       grad_clip=0.5, hiddens=(), vf_share_layers=True, encoder="nature_cnn", total_env_steps=steps,
-                      vectorization=vectorization, iterations_per_epoch=1000)
+                      vectorization=vectorization, iterations_per_epoch=1000, compile=compile)
     else:
         model = L.DQN(env=game, seed=seed, num_envs=1, encoder="nature_cnn", hiddens=(512,), lr=1e-4,
                       lr_schedule="constant", train_batch_size=32, train_freq=4, num_gradient_steps=1,
                       target_network_update_freq=1000, learning_starts=1000, buffer_size=10_000, n_step=1,
                       double_q=False, dueling=False, epsilon_timesteps=steps // 10, epsilon_end=0.01,
-                      total_env_steps=steps, vectorization=vectorization, iterations_per_epoch=100_000)
+                      total_env_steps=steps, vectorization=vectorization, iterations_per_epoch=100_000,
+                      compile=compile)
     sampling = [0.0]
     postprocess = model.postprocess
 
@@ -72,11 +92,17 @@ def ours(algo: str, seed: int, steps: int, game: str, vectorization: str,
         return postprocess(batch)
 
     model.postprocess = timed
-    trainer = quiet_trainer(precision)
+    steady = Steady()
+    trainer = quiet_trainer(precision, [steady])
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
     start = time.perf_counter()
     trainer.fit(model)
-    wall = time.perf_counter() - start
-    return model.counters["num_env_steps_sampled"] / wall, sampling[0] / wall
+    end = time.perf_counter()
+    sampled = model.counters["num_env_steps_sampled"]
+    graphs = int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+    rest = (sampled - steady.first[1]) / (end - steady.first[0])
+    return sampled / (end - start), sampling[0] / (end - start), rest, graphs
 
 
 def env_only(backend: str, game: str, steps: int, seed: int = 0) -> float:
@@ -105,11 +131,29 @@ def env_only(backend: str, game: str, steps: int, seed: int = 0) -> float:
     return rate
 
 
-def sb3(algo: str, seed: int, steps: int, game: str) -> float:
+def sb3(algo: str, seed: int, steps: int, game: str) -> tuple[float, float]:
+    """Env steps per second of ``learn``, and the steady rate (from the second rollout on, after the first update)."""
     from stable_baselines3 import DQN, PPO
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class SteadySB3(BaseCallback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rollouts, self.first = 0, None
+
+        def _on_rollout_start(self) -> None:
+            self.rollouts += 1
+            if self.rollouts == 2:
+                self.first = (time.perf_counter(), self.model.num_timesteps)
+
+        def _on_step(self) -> bool:
+            return True
+    import ale_py
+    import gymnasium as gym
     from stable_baselines3.common.env_util import make_atari_env
     from stable_baselines3.common.vec_env import VecFrameStack
 
+    gym.register_envs(ale_py)  # the ALE ids (ours registers them too, but perhaps not yet in this process)
     n_envs = 8 if algo == "ppo" else 1
     env = VecFrameStack(make_atari_env(game, n_envs=n_envs, seed=seed, env_kwargs={"frameskip": 1}), 4)
     if algo == "ppo":
@@ -120,9 +164,11 @@ def sb3(algo: str, seed: int, steps: int, game: str) -> float:
                     target_update_interval=1000, learning_starts=1000, buffer_size=10_000,
                     exploration_fraction=0.1, exploration_final_eps=0.01, seed=seed, device="cpu",
                     optimize_memory_usage=False)
+    steady = SteadySB3()
     start = time.perf_counter()
-    model.learn(total_timesteps=steps)
-    return model.num_timesteps / (time.perf_counter() - start)
+    model.learn(total_timesteps=steps, callback=steady)
+    end = time.perf_counter()
+    return model.num_timesteps / (end - start), (model.num_timesteps - steady.first[1]) / (end - steady.first[0])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -136,6 +182,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="comma-separated vector backends of ours: sync and/or envpool")
     parser.add_argument("--precisions", default="32-true",
                         help="comma-separated Trainer precisions of ours: 32-true and/or bf16-mixed")
+    parser.add_argument("--compile", default="false",
+                        help="comma-separated compile settings of ours: false and/or true (rows named -compiled)")
     parser.add_argument("--env-only-steps", type=int, default=500,
                         help="steps of the 8 envs alone per backend before the fits (0: skip)")
     args = parser.parse_args(argv)
@@ -145,7 +193,11 @@ def main(argv: list[str] | None = None) -> None:
     precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
     if not precisions or set(precisions) - {"32-true", "bf16-mixed"}:
         parser.error(f"--precisions takes 32-true and/or bf16-mixed, got {args.precisions!r}")
-    runs = [(b, p, f"ours-{b}" + ("-bf16" if p == "bf16-mixed" else "")) for b in backends for p in precisions]
+    compiles = [c.strip() for c in args.compile.split(",") if c.strip()]
+    if not compiles or set(compiles) - {"false", "true"}:
+        parser.error(f"--compile takes false and/or true, got {args.compile!r}")
+    runs = [(b, p, c == "true", f"ours-{b}" + "-bf16" * (p == "bf16-mixed") + "-compiled" * (c == "true"))
+            for b in backends for p in precisions for c in compiles]
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore")
     load_start = os.getloadavg()
@@ -159,25 +211,38 @@ def main(argv: list[str] | None = None) -> None:
             print(f"[envs alone, 8 x {args.env_only_steps} random steps] {backend}: {rate:,.0f} steps/s", flush=True)
     for algo in args.algos.split(","):
         steps = args.ppo_steps if algo == "ppo" else args.dqn_steps
-        names = [name for _, _, name in runs]
+        names = [name for *_, name in runs]
         rates: dict[str, list[float]] = {name: [] for name in (*names, "sb3")}
+        steady: dict[str, list[float]] = {name: [] for name in (*names, "sb3")}
         sampling: dict[str, list[float]] = {name: [] for name in names}
+        graphs: dict[str, int] = {}
         for seed in range(args.seeds):
-            for backend, precision, name in runs:
-                rate, share = ours(algo, seed, steps, args.game, backend, precision)
+            for backend, precision, compiled, name in runs:
+                rate, share, rest, graphs[name] = ours(algo, seed, steps, args.game, backend, precision, compiled)
                 rates[name].append(rate)
+                steady[name].append(rest)
                 sampling[name].append(share)
-                print(f"[{algo} {name} seed {seed}] {steps} env steps: {rate:,.0f} steps/s, "
-                      f"{100 * share:.0f}% of the time sampling", flush=True)
-            rates["sb3"].append(sb3(algo, seed, steps, args.game))
-            print(f"[{algo} sb3 seed {seed}] {steps} env steps: {rates['sb3'][-1]:,.0f} steps/s", flush=True)
+                print(f"[{algo} {name} seed {seed}] {steps} env steps: {rate:,.0f} steps/s ({rest:,.0f} after the "
+                      f"first iteration), {100 * share:.0f}% of the time sampling", flush=True)
+            rate, rest = sb3(algo, seed, steps, args.game)
+            rates["sb3"].append(rate)
+            steady["sb3"].append(rest)
+            print(f"[{algo} sb3 seed {seed}] {steps} env steps: {rate:,.0f} steps/s ({rest:,.0f} after the first "
+                  "update)", flush=True)
         mean = {k: float(np.mean(v)) for k, v in rates.items()}
+        steady_mean = {k: float(np.mean(v)) for k, v in steady.items()}
         out["algos"][algo] = {"env_steps": steps, "steps_per_s": mean,
                               "steps_per_s_std": {k: float(np.std(v)) for k, v in rates.items()},
                               "sampling_share": {k: float(np.mean(v)) for k, v in sampling.items()},
-                              "ratio_over_sb3": {k: mean[k] / mean["sb3"] for k in names}}
+                              "ratio_over_sb3": {k: mean[k] / mean["sb3"] for k in names},
+                              "steady_steps_per_s": steady_mean,
+                              "steady_ratio_over_sb3": {k: steady_mean[k] / steady_mean["sb3"] for k in names},
+                              "compiled_graphs": graphs}
         print(f"{algo}: " + ", ".join(f"{k} {mean[k]:,.0f}" for k in names) + f" / SB3 {mean['sb3']:,.0f} steps/s = "
               + ", ".join(f"{mean[k] / mean['sb3']:.2f}x" for k in names), flush=True)
+        print(f"{algo}, after the first iteration: " + ", ".join(f"{k} {steady_mean[k]:,.0f}" for k in names)
+              + f" / SB3 {steady_mean['sb3']:,.0f} steps/s = "
+              + ", ".join(f"{steady_mean[k] / steady_mean['sb3']:.2f}x" for k in names), flush=True)
     out["load_avg_end"] = os.getloadavg()
     print(json.dumps(out))
 

@@ -33,7 +33,7 @@ def test_env_state_prints_its_figures_as_json_last():
     assert all(isinstance(result[k], float) and result[k] > 0 for k in ("capture_ms", "torch_save_ms", "kB"))
 
 
-@pytest.mark.slow  # three CNN fits per algorithm on 2 cores: about 5 minutes
+@pytest.mark.slow  # three CNN fits per algorithm, then three PPO fits (one compiled) on 2 cores: about 7 minutes
 def test_atari_prints_both_sides_throughput_as_json_last():
     proc = run_benchmark("atari", "--algos", "ppo,dqn", "--seeds", "1", "--ppo-steps", "1024", "--dqn-steps", "1100",
                          "--env-only-steps", "20", timeout=900)
@@ -47,6 +47,15 @@ def test_atari_prints_both_sides_throughput_as_json_last():
         assert figures["env_steps"] == steps and sorted(rates) == ["ours-envpool", "ours-sync", "sb3"]
         assert all(rate > 0 for rate in rates.values()) and all(0 < s < 1 for s in figures["sampling_share"].values())
         assert figures["ratio_over_sb3"] == {k: rates[k] / rates["sb3"] for k in ("ours-sync", "ours-envpool")}
+        steady = figures["steady_steps_per_s"]
+        assert sorted(steady) == sorted(rates) and all(rate > 0 for rate in steady.values())
+        assert figures["compiled_graphs"] == {"ours-envpool": 0, "ours-sync": 0}
+    proc = run_benchmark("atari", "--algos", "ppo", "--seeds", "1", "--ppo-steps", "2048", "--vectorizations", "sync",
+                         "--precisions", "bf16-mixed", "--compile", "false,true", "--env-only-steps", "0", timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    figures = json.loads(proc.stdout.strip().splitlines()[-1])["algos"]["ppo"]
+    assert sorted(figures["steps_per_s"]) == ["ours-sync-bf16", "ours-sync-bf16-compiled", "sb3"]
+    assert figures["compiled_graphs"]["ours-sync-bf16"] == 0 < figures["compiled_graphs"]["ours-sync-bf16-compiled"]
 
 
 def test_replay_frames_prints_bytes_per_transition_against_sb3_as_json_last():

@@ -160,3 +160,40 @@ def test_under_bf16_the_learner_log_probs_match_the_float32_actor_s():
     assert logp16.dtype == values16.dtype == torch.float32
     assert (logp16 - logp32).abs().max() < 1e-3
     assert (values16 - values).abs().max() < 0.05 * values.abs().max()
+
+
+def _graph_nodes(graphs: list[torch.fx.GraphModule], name: str) -> list[torch.fx.Node]:
+    """Calls of ``name`` (e.g. ``conv2d``) in the graphs dynamo captured, higher-order ops' bodies included."""
+    return [node for graph in graphs for module in graph.modules() if isinstance(module, torch.fx.GraphModule)
+            for node in module.graph.nodes if node.op == "call_function" and name in str(node.target)]
+
+
+@pytest.mark.parametrize("make", [
+    lambda: PPO(env=BrightSide, seed=0, num_envs=2, rollout_fragment_length=16, sgd_minibatch_size=16,
+                total_env_steps=64, compile=True, hiddens=(), vf_share_layers=True),
+    lambda: DQN(env=BrightSide, seed=0, total_env_steps=64, learning_starts=32, train_freq=8, train_batch_size=8,
+                buffer_size=128, compile=True),
+], ids=["ppo", "dqn"])
+def test_a_compiled_update_under_bf16_convolves_in_bfloat16_with_float32_heads(make, monkeypatch):
+    """``compile=True`` with ``bf16-mixed``: the update graphs torch.compile captures (recorded by a
+    backend that runs them as captured) carry the autocast: every convolution's output is bfloat16,
+    the hidden linear layers' too, and the output heads' (``Float32Linear``) float32."""
+    graphs: list[torch.fx.GraphModule] = []
+    real = torch.compile
+
+    def recording(fn, **kwargs):
+        def backend(graph, example_inputs):
+            graphs.append(graph)
+            return graph.forward
+        return real(fn, fullgraph=kwargs.get("fullgraph", False), backend=backend)
+
+    monkeypatch.setattr(torch, "compile", recording)
+    model = make()
+    _fit(model)
+    convs, linears = _graph_nodes(graphs, "conv2d"), _graph_nodes(graphs, "linear")
+    assert convs and {node.meta["example_value"].dtype for node in convs} == {torch.bfloat16}
+    widths = {m.out_features for m in model.modules() if isinstance(m, Float32Linear)}
+    heads = [n for n in linears if n.meta["example_value"].shape[-1] in widths]
+    hidden = [n for n in linears if n.meta["example_value"].shape[-1] not in widths]
+    assert heads and {n.meta["example_value"].dtype for n in heads} == {torch.float32}
+    assert hidden and {n.meta["example_value"].dtype for n in hidden} == {torch.bfloat16}
