@@ -31,7 +31,9 @@ Usage::
 ``--precision bf16-mixed`` runs the learner under bfloat16 autocast (the workers act in float32);
 ``--vectorization envpool`` steps every worker's envs with envpool; ``--learner-threads N`` gives
 the learner process N torch threads (``num_cpu_threads``) in every run, 0 workers included (each
-sampler worker keeps one).
+sampler worker keeps one); ``--compile`` runs the learner's update as compiled graphs
+(``compile=True``): its compilation falls in the first update, so the rate from the end of the first
+update on (``after_first_update_steps_per_s``, in each run's line and the JSON) is the one to compare.
 
 ``--backend ray`` runs every worker count above 0 twice, with worker processes and with Ray actors
 (``sampler_backend="ray"``) on a local Ray started once before the runs (``ray.init(num_cpus=<cores>)``,
@@ -62,6 +64,7 @@ from typing import Any
 import numpy as np
 import pytorch_lightning as pl
 import torch
+import torch._dynamo
 
 from lightning_rl import A3C, APEX, APPO, IMPALA, evaluate
 
@@ -75,6 +78,7 @@ class Lag(pl.Callback):
         self.waits: list[float] = []
         self.first: tuple[float, int] | None = None  # (time, env steps sampled) when the first batch arrived
         self.threads = 0  # the learner's torch threads during fit
+        self.updated: tuple[float, int] | None = None  # (time, env steps sampled) after the first training step
 
     def on_train_batch_start(self, trainer: pl.Trainer, module: Any, batch: Any, batch_idx: int) -> None:
         if self.first is None:
@@ -84,6 +88,10 @@ class Lag(pl.Callback):
         self.lags.append(perf.get("policy_lag_mean", 0.0))
         self.lag_max = max(self.lag_max, perf.get("policy_lag_max", 0.0))
         self.waits.append(perf.get("learner_wait_ms", 0.0))
+
+    def on_train_batch_end(self, trainer: pl.Trainer, module: Any, *args: Any) -> None:
+        if self.updated is None:
+            self.updated = (time.perf_counter(), int(module.counters["num_env_steps_sampled"]))
 
 
 def settings(algo: type, env: str, num_envs: int) -> dict[str, Any]:
@@ -98,12 +106,13 @@ def settings(algo: type, env: str, num_envs: int) -> dict[str, Any]:
 
 def run(algo: type, workers: int, steps: int, num_envs: int, seed: int, env: str = "CartPole-v1",
         backend: str = "processes", precision: str = "32-true", vectorization: str = "auto",
-        learner_threads: int = 1) -> dict[str, Any]:
+        learner_threads: int = 1, compile: bool = False) -> dict[str, Any]:
     pixels = env.startswith("ALE/")
     model = algo(**settings(algo, env, num_envs), num_workers=workers, total_env_steps=steps, seed=seed,
                  sampler_backend=backend if workers else "processes", vectorization=vectorization,
-                 num_cpu_threads=learner_threads)
+                 num_cpu_threads=learner_threads, compile=compile)
     lag = Lag()
+    torch._dynamo.utils.counters.clear()
     trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, callbacks=[lag], precision=precision)
     start = time.perf_counter()
@@ -112,9 +121,12 @@ def run(algo: type, workers: int, steps: int, num_envs: int, seed: int, env: str
     seconds = end - start
     sampled = model.counters["num_env_steps_sampled"]
     steady = (sampled - lag.first[1]) / (end - lag.first[0])  # from the first batch on: start-up left out
+    updated = (sampled - lag.updated[1]) / (end - lag.updated[0])  # from the first update's end: its compilation too
     return {
         "workers": workers, "backend": backend if workers else "-", "seed": seed, "env_steps": sampled,
         "fit_s": seconds, "steps_per_s": sampled / seconds, "steady_steps_per_s": steady,
+        "after_first_update_steps_per_s": updated,
+        "compiled_graphs": int(torch._dynamo.utils.counters["stats"]["unique_graphs"]),
         "start_s": lag.first[0] - start,
         "trained_per_s": model.counters["num_env_steps_trained"] / seconds,
         "lag_mean": float(np.mean(lag.lags)), "lag_max": int(lag.lag_max),
@@ -197,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--precision", choices=["32-true", "bf16-mixed"], default="32-true",
                    help="the learner's Trainer precision (default 32-true)")
     p.add_argument("--vectorization", default="auto", help="the envs' vector backend (auto, sync, envpool...)")
+    p.add_argument("--compile", action="store_true", help="the learner's update as compiled graphs (compile=True)")
     p.add_argument("--learner-threads", type=int, default=1,
                    help="the learner's torch threads (num_cpu_threads) in every run; the workers keep one (default 1)")
     p.add_argument("--ingest", action="store_true", help="the learner's cost per fragment, per backend (no envs)")
@@ -241,11 +254,12 @@ def compare(args: argparse.Namespace, load: float) -> int:
     for seed in range(args.repeats):
         for workers, backend in configs:
             r = run(algo, workers, args.steps, args.num_envs, seed, args.env, backend, args.precision,
-                    args.vectorization, args.learner_threads)
+                    args.vectorization, args.learner_threads, args.compile)
             runs.append(r)
             print(f"[{args.algo} workers={workers} {backend} seed={seed}] {r['env_steps']:,} steps in "
                   f"{r['fit_s']:.1f}s = {r['steps_per_s']:,.0f} steps/s ({r['steady_steps_per_s']:,.0f} from the first "
-                  f"batch, {r['start_s']:.1f}s to it), {r['trained_per_s']:,.0f} trained rows/s; "
+                  f"batch, {r['start_s']:.1f}s to it; {r['after_first_update_steps_per_s']:,.0f} after the first "
+                  f"update), {r['trained_per_s']:,.0f} trained rows/s; "
                   f"policy lag mean {r['lag_mean']:.2f} max {r['lag_max']}; "
                   f"learner wait {r['learner_wait_ms']:.1f} ms/iter; greedy {r['greedy']:.0f}", flush=True)
 
@@ -254,6 +268,7 @@ def compare(args: argparse.Namespace, load: float) -> int:
 
     base = median_speed(*configs[0])
     steady_base = median_speed(*configs[0], key="steady_steps_per_s")
+    updated_base = median_speed(*configs[0], key="after_first_update_steps_per_s")
     print(f"\n{args.algo} {args.env}, {args.steps:,} env steps, {args.num_envs} envs per worker; medians of "
           f"{args.repeats}; load average {load:.2f} at the start")
     print("| workers | backend | env steps/s (fit) | vs first row | vs processes | steady env steps/s | vs first row "
@@ -264,12 +279,16 @@ def compare(args: argparse.Namespace, load: float) -> int:
         mine = [r for r in runs if (r["workers"], r["backend"]) == (workers, backend)]
         speed = median_speed(workers, backend)
         steady = median_speed(workers, backend, "steady_steps_per_s")
+        updated = median_speed(workers, backend, "after_first_update_steps_per_s")
         ray_row = backend == "ray"
         vs_processes = speed / median_speed(workers, "processes") if ray_row else None
         steady_vs = steady / median_speed(workers, "processes", "steady_steps_per_s") if ray_row else None
         summary[f"{workers} {backend}"] = {"steps_per_s": speed, "ratio": speed / base, "vs_processes": vs_processes,
                                            "steady_steps_per_s": steady, "steady_ratio": steady / steady_base,
-                                           "steady_vs_processes": steady_vs}
+                                           "steady_vs_processes": steady_vs,
+                                           "after_first_update_steps_per_s": updated,
+        "compiled_graphs": int(torch._dynamo.utils.counters["stats"]["unique_graphs"]),
+                                           "after_first_update_ratio": updated / updated_base}
         print(f"| {workers} | {backend} | {speed:,.0f} | {speed / base:.2f}x | "
               f"{'' if vs_processes is None else f'{vs_processes:.2f}x'} | {steady:,.0f} | "
               f"{steady / steady_base:.2f}x | "
@@ -280,7 +299,8 @@ def compare(args: argparse.Namespace, load: float) -> int:
               f"{statistics.fmean(r['greedy'] for r in mine):.0f} |")
     print(json.dumps({"benchmark": "async", "algo": args.algo, "env": args.env, "steps": args.steps,
                       "num_envs": args.num_envs, "backend": args.backend, "precision": args.precision,
-                      "vectorization": args.vectorization, "learner_threads": args.learner_threads, "load": load,
+                      "vectorization": args.vectorization, "learner_threads": args.learner_threads,
+                      "compile": args.compile, "load": load,
                       "summary": summary, "runs": runs}))
     return 0
 

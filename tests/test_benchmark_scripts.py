@@ -77,12 +77,20 @@ def test_replay_frames_prints_bytes_per_transition_against_sb3_as_json_last():
         assert sorted(result["sample_ms"]) == ["ours_frames", "ours_whole_obs", "sb3_optimize_memory"]
 
 
-def test_async_learner_threads_sets_the_learners_torch_threads_in_every_run():
-    proc = run_benchmark("async", "--workers", "0,1", "--steps", "400", "--repeats", "1", "--learner-threads", "2",
+def test_async_learner_threads_and_compile_set_the_learner_in_every_run():
+    proc = run_benchmark("async", "--workers", "0,1", "--steps", "2000", "--repeats", "1", "--learner-threads", "2",
                          timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["learner_threads"] == 2 and [r["learner_threads"] for r in result["runs"]] == [2, 2]
+    assert result["compile"] is False
+    assert all(r["after_first_update_steps_per_s"] > 0 for r in result["runs"])
+    assert result["summary"]["0 -"]["after_first_update_ratio"] == 1.0
+    assert [r["compiled_graphs"] for r in result["runs"]] == [0, 0]
+    proc = run_benchmark("async", "--workers", "0", "--steps", "1000", "--repeats", "1", "--compile", timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["compile"] is True and result["runs"][0]["compiled_graphs"] > 0
 
 
 @pytest.mark.slow  # a local Ray each, actors importing torch: about a minute on 2 cores
