@@ -168,6 +168,8 @@ def sb3(algo: str, seed: int, steps: int, game: str) -> tuple[float, float]:
     start = time.perf_counter()
     model.learn(total_timesteps=steps, callback=steady)
     end = time.perf_counter()
+    if steady.first is None:  # one rollout only: no steady part
+        return model.num_timesteps / (end - start), float("nan")
     return model.num_timesteps / (end - start), (model.num_timesteps - steady.first[1]) / (end - steady.first[0])
 
 

@@ -35,13 +35,13 @@ def test_env_state_prints_its_figures_as_json_last():
 
 @pytest.mark.slow  # three CNN fits per algorithm, then three PPO fits (one compiled) on 2 cores: about 7 minutes
 def test_atari_prints_both_sides_throughput_as_json_last():
-    proc = run_benchmark("atari", "--algos", "ppo,dqn", "--seeds", "1", "--ppo-steps", "1024", "--dqn-steps", "1100",
+    proc = run_benchmark("atari", "--algos", "ppo,dqn", "--seeds", "1", "--ppo-steps", "2048", "--dqn-steps", "1100",
                          "--env-only-steps", "20", timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert sorted(result["algos"]) == ["dqn", "ppo"] and result["game"] == "ALE/Breakout-v5"
     assert sorted(result["env_only_steps_per_s"]) == ["envpool", "sb3", "sync"]
-    for algo, steps in (("ppo", 1024), ("dqn", 1100)):
+    for algo, steps in (("ppo", 2048), ("dqn", 1100)):
         figures = result["algos"][algo]
         rates = figures["steps_per_s"]
         assert figures["env_steps"] == steps and sorted(rates) == ["ours-envpool", "ours-sync", "sb3"]
