@@ -32,8 +32,10 @@ Usage::
 ``--vectorization envpool`` steps every worker's envs with envpool; ``--learner-threads N`` gives
 the learner process N torch threads (``num_cpu_threads``) in every run, 0 workers included (each
 sampler worker keeps one); ``--compile`` runs the learner's update as compiled graphs
-(``compile=True``): its compilation falls in the first update, so the rate from the end of the first
-update on (``after_first_update_steps_per_s``, in each run's line and the JSON) is the one to compare.
+(``compile=True``): its compilation falls in the first update, while workers fill the learner
+queue ahead of it, so the rate over the second half of the run (``second_half_steps_per_s``: from
+the first training step that ends with half the env steps sampled; in each run's line and the
+JSON, with ``after_first_update_steps_per_s``) is the one to compare.
 
 ``--backend ray`` runs every worker count above 0 twice, with worker processes and with Ray actors
 (``sampler_backend="ray"``) on a local Ray started once before the runs (``ray.init(num_cpus=<cores>)``,
@@ -79,6 +81,7 @@ class Lag(pl.Callback):
         self.first: tuple[float, int] | None = None  # (time, env steps sampled) when the first batch arrived
         self.threads = 0  # the learner's torch threads during fit
         self.updated: tuple[float, int] | None = None  # (time, env steps sampled) after the first training step
+        self.ends: list[tuple[float, int]] = []  # (time, env steps sampled) after every training step
 
     def on_train_batch_start(self, trainer: pl.Trainer, module: Any, batch: Any, batch_idx: int) -> None:
         if self.first is None:
@@ -90,8 +93,15 @@ class Lag(pl.Callback):
         self.waits.append(perf.get("learner_wait_ms", 0.0))
 
     def on_train_batch_end(self, trainer: pl.Trainer, module: Any, *args: Any) -> None:
+        self.ends.append((time.perf_counter(), int(module.counters["num_env_steps_sampled"])))
         if self.updated is None:
-            self.updated = (time.perf_counter(), int(module.counters["num_env_steps_sampled"]))
+            self.updated = self.ends[0]
+
+    def second_half(self, sampled: int, end: float) -> float:
+        """Env steps/s from the first training step that ends with half the run sampled: past a
+        compilation and with a learner queue that filled meanwhile drained to its steady level."""
+        start = next(((t, n) for t, n in self.ends if n >= sampled / 2), self.ends[-1])
+        return (sampled - start[1]) / max(end - start[0], 1e-9)
 
 
 def settings(algo: type, env: str, num_envs: int) -> dict[str, Any]:
@@ -125,7 +135,7 @@ def run(algo: type, workers: int, steps: int, num_envs: int, seed: int, env: str
     return {
         "workers": workers, "backend": backend if workers else "-", "seed": seed, "env_steps": sampled,
         "fit_s": seconds, "steps_per_s": sampled / seconds, "steady_steps_per_s": steady,
-        "after_first_update_steps_per_s": updated,
+        "after_first_update_steps_per_s": updated, "second_half_steps_per_s": lag.second_half(sampled, end),
         "compiled_graphs": int(torch._dynamo.utils.counters["stats"]["unique_graphs"]),
         "start_s": lag.first[0] - start,
         "trained_per_s": model.counters["num_env_steps_trained"] / seconds,
@@ -259,7 +269,8 @@ def compare(args: argparse.Namespace, load: float) -> int:
             print(f"[{args.algo} workers={workers} {backend} seed={seed}] {r['env_steps']:,} steps in "
                   f"{r['fit_s']:.1f}s = {r['steps_per_s']:,.0f} steps/s ({r['steady_steps_per_s']:,.0f} from the first "
                   f"batch, {r['start_s']:.1f}s to it; {r['after_first_update_steps_per_s']:,.0f} after the first "
-                  f"update), {r['trained_per_s']:,.0f} trained rows/s; "
+                  f"update; {r['second_half_steps_per_s']:,.0f} over the second half), "
+                  f"{r['trained_per_s']:,.0f} trained rows/s; "
                   f"policy lag mean {r['lag_mean']:.2f} max {r['lag_max']}; "
                   f"learner wait {r['learner_wait_ms']:.1f} ms/iter; greedy {r['greedy']:.0f}", flush=True)
 
@@ -269,6 +280,7 @@ def compare(args: argparse.Namespace, load: float) -> int:
     base = median_speed(*configs[0])
     steady_base = median_speed(*configs[0], key="steady_steps_per_s")
     updated_base = median_speed(*configs[0], key="after_first_update_steps_per_s")
+    half_base = median_speed(*configs[0], key="second_half_steps_per_s")
     print(f"\n{args.algo} {args.env}, {args.steps:,} env steps, {args.num_envs} envs per worker; medians of "
           f"{args.repeats}; load average {load:.2f} at the start")
     print("| workers | backend | env steps/s (fit) | vs first row | vs processes | steady env steps/s | vs first row "
@@ -280,6 +292,7 @@ def compare(args: argparse.Namespace, load: float) -> int:
         speed = median_speed(workers, backend)
         steady = median_speed(workers, backend, "steady_steps_per_s")
         updated = median_speed(workers, backend, "after_first_update_steps_per_s")
+        half = median_speed(workers, backend, "second_half_steps_per_s")
         ray_row = backend == "ray"
         vs_processes = speed / median_speed(workers, "processes") if ray_row else None
         steady_vs = steady / median_speed(workers, "processes", "steady_steps_per_s") if ray_row else None
@@ -287,8 +300,8 @@ def compare(args: argparse.Namespace, load: float) -> int:
                                            "steady_steps_per_s": steady, "steady_ratio": steady / steady_base,
                                            "steady_vs_processes": steady_vs,
                                            "after_first_update_steps_per_s": updated,
-        "compiled_graphs": int(torch._dynamo.utils.counters["stats"]["unique_graphs"]),
-                                           "after_first_update_ratio": updated / updated_base}
+                                           "after_first_update_ratio": updated / updated_base,
+                                           "second_half_steps_per_s": half, "second_half_ratio": half / half_base}
         print(f"| {workers} | {backend} | {speed:,.0f} | {speed / base:.2f}x | "
               f"{'' if vs_processes is None else f'{vs_processes:.2f}x'} | {steady:,.0f} | "
               f"{steady / steady_base:.2f}x | "

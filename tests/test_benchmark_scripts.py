@@ -84,7 +84,8 @@ def test_async_learner_threads_and_compile_set_the_learner_in_every_run():
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["learner_threads"] == 2 and [r["learner_threads"] for r in result["runs"]] == [2, 2]
     assert result["compile"] is False
-    assert all(r["after_first_update_steps_per_s"] > 0 for r in result["runs"])
+    assert all(r["after_first_update_steps_per_s"] > 0 and r["second_half_steps_per_s"] > 0 for r in result["runs"])
+    assert result["summary"]["0 -"]["second_half_ratio"] == 1.0
     assert result["summary"]["0 -"]["after_first_update_ratio"] == 1.0
     assert [r["compiled_graphs"] for r in result["runs"]] == [0, 0]
     proc = run_benchmark("async", "--workers", "0", "--steps", "1000", "--repeats", "1", "--compile", timeout=600)
