@@ -188,6 +188,42 @@ def test_atari_frames_are_laid_out_as_on_the_gymnasium_path():
         assert frames[1].dtype == np.uint8 and np.array_equal(*frames), kwargs
 
 
+def test_envpool_frame_stacks_are_stored_once_in_the_replay():
+    """envpool's grayscale stack declares itself as the gymnasium path's does, so DQN's replay stores
+    one frame per step; over 2 x 600 steps of Breakout (lost lives: envpool's stack runs on; game
+    overs: a stack of the first frame) every sampleable row equals a whole-observation replay's."""
+    from lightning_rl.data.buffers.frames import use_frame_storage
+    from lightning_rl.data.buffers.replay_buffer import ReplayBuffer
+
+    envs = make_vector_env("ALE/Breakout-v5", 2, "envpool")
+    space = envs.single_observation_space
+    assert envs.metadata["frame_stack"] == 4 and use_frame_storage("auto", space, envs.metadata)
+    color = make_vector_env(GymMake("ALE/Breakout-v5", {"grayscale": False}), 1, "envpool")
+    assert "frame_stack" not in color.metadata  # channels last: whole observations
+    color.close()
+    kwargs = dict(capacity=2 * 120, observation_space=space, action_space=envs.single_action_space, num_envs=2,
+                  n_step=3)
+    frames, whole = ReplayBuffer(**kwargs, frame_stack=True), ReplayBuffer(**kwargs)
+    rng = np.random.default_rng(0)
+    obs, _ = envs.reset(seed=0)
+    prev_done, ends = np.zeros(2, dtype=bool), 0
+    for _ in range(600):
+        actions = rng.integers(0, envs.single_action_space.n, 2)
+        next_obs, rewards, terminateds, truncateds, _ = envs.step(actions)
+        for buffer in (frames, whole):
+            buffer.add(obs, actions, rewards, terminateds, truncateds, ~prev_done)
+        obs, prev_done = next_obs, terminateds | truncateds
+        ends += int(prev_done.sum())
+    envs.close()
+    assert ends >= 10
+    flat = np.flatnonzero(frames._sampleable_flat)
+    assert len(flat) > 150
+    a, b = frames._transitions(flat), whole._transitions(flat)
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    assert whole.storage_nbytes / frames.storage_nbytes > 3.8
+
+
 def test_fire_reset_and_episodic_life_switch():
     """With NOOPs only, Breakout's ball is launched (and a life lost soon) only by the FIRE at
     reset; a lost life ends an episode (5 per game) or only game over does (1 per game)."""

@@ -148,6 +148,8 @@ class EnvPoolVectorEnv(gym.vector.VectorEnv):
         self.observation_space = batch_space(self.single_observation_space, num_envs)
         self.action_space = batch_space(self.single_action_space, num_envs)
         self.metadata = {"autoreset_mode": AutoresetMode.NEXT_STEP, "game_scores": atari}
+        if self._layout == "chw":  # a grayscale frame stack, as the gymnasium path declares it (replay_frame_stack)
+            self.metadata["frame_stack"] = pool_space.shape[0]
         self.pool: Any = None  # envpool's, built at the first reset and at each seeded one
         self._score = np.zeros(num_envs)
         self._length = np.zeros(num_envs, dtype=np.int64)
