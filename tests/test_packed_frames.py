@@ -17,15 +17,7 @@ import torch
 from lightning_rl import APEX
 from lightning_rl.batch import SampleBatch
 from lightning_rl.data.async_replay import NStepPriorityTask
-from lightning_rl.data.buffers.packed_frames import (
-    FRAMES,
-    NEXT_OBS_FRAMES,
-    OBS_FRAMES,
-    PackedFrameReplayBuffer,
-    concat_packets,
-    frame_capacity_for,
-    pack_frames,
-)
+from lightning_rl.data.buffers import packed_frames as pf
 from lightning_rl.data.buffers.replay_buffer import NStepWindows, TransitionReplayBuffer
 from tests.conftest import quiet_trainer
 from tests.image_envs import BrightSide, stacked_bright_side
@@ -47,12 +39,12 @@ def packets(num_envs: int, n_step: int, steps: int, count: int, seed: int = 0, *
     return out
 
 
-def add_both(packed: PackedFrameReplayBuffer, whole: TransitionReplayBuffer, batch: SampleBatch, rng) -> None:
+def add_both(packed: pf.PackedFrameReplayBuffer, whole: TransitionReplayBuffer, batch: SampleBatch, rng) -> None:
     td = rng.normal(size=len(batch[SampleBatch.REWARDS]))
     columns = {k: batch[k] for k in TransitionReplayBuffer.COLUMNS}
     whole.add(columns, td)
     packed.add({**{k: v for k, v in columns.items() if k not in (SampleBatch.OBS, SampleBatch.NEXT_OBS)},
-                **pack_frames(batch[SampleBatch.OBS], batch[SampleBatch.NEXT_OBS])}, td)
+                **pf.pack_frames(batch[SampleBatch.OBS], batch[SampleBatch.NEXT_OBS])}, td)
 
 
 def assert_same(a: SampleBatch, b: SampleBatch) -> None:
@@ -64,17 +56,17 @@ def assert_same(a: SampleBatch, b: SampleBatch) -> None:
 def test_pack_frames_rebuilds_every_stack_and_ships_each_distinct_frame_once():
     (batch,) = packets(num_envs=3, n_step=3, steps=20, count=1)
     obs, next_obs = batch[SampleBatch.OBS], batch[SampleBatch.NEXT_OBS]
-    packed = pack_frames(obs, next_obs)
-    frames = packed[FRAMES]
-    assert frames.dtype == torch.uint8 and packed[OBS_FRAMES].dtype == torch.int32
-    assert torch.equal(frames[packed[OBS_FRAMES].long()], obs)
-    assert torch.equal(frames[packed[NEXT_OBS_FRAMES].long()], next_obs)
+    packed = pf.pack_frames(obs, next_obs)
+    frames = packed[pf.FRAMES]
+    assert frames.dtype == torch.uint8 and packed[pf.OBS_FRAMES].dtype == torch.int32
+    assert torch.equal(frames[packed[pf.OBS_FRAMES].long()], obs)
+    assert torch.equal(frames[packed[pf.NEXT_OBS_FRAMES].long()], next_obs)
     distinct = {f.numpy().tobytes() for f in torch.cat([obs, next_obs]).flatten(0, 1)}
     assert len(frames) == len(distinct) < 0.25 * 2 * obs.shape[0] * obs.shape[1]
     # two packets side by side index their own frames
-    both = concat_packets([packed, pack_frames(next_obs, obs)])
-    assert len(both[FRAMES]) == 2 * len(frames)
-    assert torch.equal(both[FRAMES][both[OBS_FRAMES].long()], torch.cat([obs, next_obs]))
+    both = pf.concat_packets([packed, pf.pack_frames(next_obs, obs)])
+    assert len(both[pf.FRAMES]) == 2 * len(frames)
+    assert torch.equal(both[pf.FRAMES][both[pf.OBS_FRAMES].long()], torch.cat([obs, next_obs]))
 
 
 @pytest.mark.parametrize("num_envs, n_step, padding_type", [(1, 1, "reset"), (3, 3, "reset"), (2, 3, "zero")])
@@ -83,8 +75,8 @@ def test_the_packed_replay_hands_out_what_the_whole_transition_replay_does(num_e
     weights, batch_indexes) before and after a priority update, the ring wrapped several times."""
     stream = packets(num_envs, n_step, steps=10, count=12, padding_type=padding_type)
     capacity = 25 * num_envs
-    packed = PackedFrameReplayBuffer(capacity, SPACE, ACTIONS, seed=3,
-                                     frame_capacity=frame_capacity_for(capacity, 10, n_step, 4, 2 * 4 * 13 * num_envs))
+    frames = pf.frame_capacity_for(capacity, 10, n_step, 4, 2 * 4 * 13 * num_envs)
+    packed = pf.PackedFrameReplayBuffer(capacity, SPACE, ACTIONS, seed=3, frame_capacity=frames)
     whole = TransitionReplayBuffer(capacity, SPACE, ACTIONS, seed=3)
     rng = np.random.default_rng(0)
     for batch in stream:
@@ -104,8 +96,8 @@ def test_transitions_whose_frames_were_overwritten_are_never_drawn():
     """A frame ring of two packets: the transitions of older packets stop being sampleable (priority
     0, out of ``len``) though their rows are still in the transition ring; what is drawn is exact."""
     stream = packets(num_envs=2, n_step=3, steps=10, count=8)
-    per_packet = max(len(pack_frames(b[SampleBatch.OBS], b[SampleBatch.NEXT_OBS])[FRAMES]) for b in stream)
-    packed = PackedFrameReplayBuffer(1000, SPACE, ACTIONS, seed=1, frame_capacity=2 * per_packet)
+    per_packet = max(len(pf.pack_frames(b[SampleBatch.OBS], b[SampleBatch.NEXT_OBS])[pf.FRAMES]) for b in stream)
+    packed = pf.PackedFrameReplayBuffer(1000, SPACE, ACTIONS, seed=1, frame_capacity=2 * per_packet)
     whole = TransitionReplayBuffer(1000, SPACE, ACTIONS, seed=1)
     rng = np.random.default_rng(0)
     for batch in stream:
@@ -122,13 +114,13 @@ def test_transitions_whose_frames_were_overwritten_are_never_drawn():
     for key in (SampleBatch.OBS, SampleBatch.NEXT_OBS, SampleBatch.REWARDS):
         assert torch.equal(drawn[key], torch.tensor(whole._columns[key][rows])), key
     with pytest.raises(ValueError, match="does not fit frame_capacity"):
-        small = PackedFrameReplayBuffer(10, SPACE, ACTIONS, frame_capacity=4)
+        small = pf.PackedFrameReplayBuffer(10, SPACE, ACTIONS, frame_capacity=4)
         add_both(small, TransitionReplayBuffer(10, SPACE, ACTIONS), stream[0], rng)
 
 
 def test_a_checkpointed_packed_replay_continues_exactly():
     stream = packets(num_envs=2, n_step=3, steps=10, count=10)
-    make = partial(PackedFrameReplayBuffer, 60, SPACE, ACTIONS, seed=5, frame_capacity=100)
+    make = partial(pf.PackedFrameReplayBuffer, 60, SPACE, ACTIONS, seed=5, frame_capacity=100)
     first, whole = make(), TransitionReplayBuffer(60, SPACE, ACTIONS, seed=5)
     rng = np.random.default_rng(0)
     for batch in stream[:6]:
@@ -153,9 +145,9 @@ def test_an_atari_transition_takes_a_fifth_of_the_bytes():
     atari = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
     capacity = 2000
     task = NStepPriorityTask(atari, gym.spaces.Discrete(4), 4, 16, 3, 0.99, 0.4, frame_stack=True)
-    frames = frame_capacity_for(capacity, 16, 3, 4, task.packet_frames())
+    frames = pf.frame_capacity_for(capacity, 16, 3, 4, task.packet_frames())
     assert frames == capacity * 23 // 16
-    packed = PackedFrameReplayBuffer(capacity, atari, gym.spaces.Discrete(4), frame_capacity=frames)
+    packed = pf.PackedFrameReplayBuffer(capacity, atari, gym.spaces.Discrete(4), frame_capacity=frames)
     whole = TransitionReplayBuffer(capacity, atari, gym.spaces.Discrete(4))
     assert packed.frames.dtype == np.uint8
     assert 10_100 < packed.nbytes / capacity < 10_300 and 56_400 < whole.nbytes / capacity < 56_600
@@ -178,7 +170,7 @@ def test_apex_stores_frames_once_by_default_and_learns_the_same(num_workers):
         quiet_trainer(max_epochs=-1).fit(model)
         models[setting] = model
     packed, whole = (models[s].default_datamodule for s in ("auto", False))
-    assert packed.frame_stack is True and isinstance(packed.buffer, PackedFrameReplayBuffer)
+    assert packed.frame_stack is True and isinstance(packed.buffer, pf.PackedFrameReplayBuffer)
     assert whole.frame_stack is False and type(whole.buffer) is TransitionReplayBuffer
     assert packed.buffer.frames.dtype == np.uint8 and packed.buffer.num_added == whole.buffer.num_added > 100
     assert models["auto"].counters["num_grad_updates"] > 0
@@ -211,7 +203,7 @@ def test_apex_resume_with_the_packed_replay(tmp_path):
     assert resumed.counters == straight.counters
     torch.testing.assert_close(weights(resumed), weights(straight), rtol=0, atol=0)
     a, b = (m.default_datamodule.buffer for m in (straight, resumed))
-    assert isinstance(a, PackedFrameReplayBuffer) and a.frames_added > a.frame_capacity
+    assert isinstance(a, pf.PackedFrameReplayBuffer) and a.frames_added > a.frame_capacity
     assert np.array_equal(a.frames, b.frames) and a.first_live == b.first_live
 
 
