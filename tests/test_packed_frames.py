@@ -215,3 +215,22 @@ def test_resuming_a_whole_transition_replay_into_a_packed_one_names_the_setting(
     with pytest.raises(ValueError, match=r"the checkpoint's replay holds whole transitions: resume with "
                                          r"replay_frame_stack=False"):
         quiet_trainer(max_epochs=2).fit(APEX(**kwargs), ckpt_path=tmp_path / "whole.ckpt")
+
+
+def test_a_packet_that_overwrites_thousands_of_transitions_stops_them_all():
+    """Packets of 2,000 transitions and 2,000 frames in a ring of 3,000 frames: each packet leaves
+    only the one before it sampleable, however many rows that is."""
+    buffer = pf.PackedFrameReplayBuffer(10_000, SPACE, ACTIONS, seed=0, frame_capacity=3000)
+    rng = np.random.default_rng(0)
+    n = 2000
+    for packet in range(3):
+        frames = torch.from_numpy(rng.integers(0, 256, (n, 6, 6), dtype=np.uint8))
+        index = torch.from_numpy(np.stack([np.arange(n) - k for k in range(3, -1, -1)], 1).clip(0).astype(np.int32))
+        buffer.add({pf.FRAMES: frames, pf.OBS_FRAMES: index, pf.NEXT_OBS_FRAMES: index,
+                    SampleBatch.ACTIONS: np.zeros(n, np.int64), SampleBatch.REWARDS: np.zeros(n, np.float32),
+                    SampleBatch.TERMINATEDS: np.zeros(n, bool), SampleBatch.DISCOUNTS: np.ones(n, np.float32)})
+        assert len(buffer) == n and buffer.first_live == packet * n
+        drawn = buffer.sample(64)
+        rows = drawn[SampleBatch.BATCH_INDEXES].numpy() - packet * n
+        assert torch.equal(drawn[SampleBatch.OBS][:, -1], frames[rows])
+    assert (buffer.priorities(np.arange(2 * n)) == 0).all()

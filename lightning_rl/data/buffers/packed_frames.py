@@ -143,12 +143,18 @@ class PackedFrameReplayBuffer(TransitionReplayBuffer):
     def _drop_overwritten(self) -> None:
         """Stop sampling the oldest transitions whose packet lost a frame to the ring."""
         oldest_frame = self.frames_added - self.frame_capacity
-        start = max(self.first_live, self.num_added - self.capacity)
-        firsts = self._columns["packet_first_frame"][np.arange(start, self.num_added) % self.capacity]
-        stale = int(np.searchsorted(firsts, oldest_frame))  # packets enter in order: firsts never decrease
-        if stale:
-            self.prio.clear(np.arange(start, start + stale) % self.capacity)
-        self.first_live = start + stale
+        start, chunk = max(self.first_live, self.num_added - self.capacity), 1024
+        while start < self.num_added:  # the stale ones are the oldest: read from there, a growing chunk at a time
+            ids = np.arange(start, min(start + chunk, self.num_added))
+            firsts = self._columns["packet_first_frame"][ids % self.capacity]
+            stale = int(np.searchsorted(firsts, oldest_frame))  # packets enter in order: firsts never decrease
+            if stale:
+                self.prio.clear(ids[:stale] % self.capacity)
+            start += stale
+            if stale < len(ids):
+                break
+            chunk *= 2
+        self.first_live = start
 
     def _rows(self, slots: np.ndarray) -> dict[str, torch.Tensor]:
         rows = super()._rows(slots)
