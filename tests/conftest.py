@@ -5,9 +5,12 @@ from __future__ import annotations
 import logging
 import os
 import random
+import shutil
 import signal
 import socket
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -155,6 +158,42 @@ def ddp_subprocess_env(**extra: str) -> dict[str, str]:
     for name in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "GLOBAL_RANK", "RANK"):
         env.pop(name, None)
     return env
+
+
+# AF_UNIX socket paths end at 107 bytes and Ray puts its sockets ~70 characters under its temp
+# directory (session_<date>_<pid>/sockets/plasma_store): a base temp directory longer than this
+# is passed over for /tmp.
+_SHORT_TEMP = 40
+
+
+@contextmanager
+def ray_temp_dir(prefix: str = "lrl-ray-") -> Iterator[Path]:
+    """A new, short directory that Ray treats as the machine's temp directory for as long as the
+    block runs (``RAY_TMPDIR``, inherited by every subprocess started meanwhile), with the ``ray/``
+    folder Ray's ``Cluster`` writes its address file into but does not create; yields that ``ray/``
+    folder. Removed afterwards, and ``RAY_TMPDIR`` restored, also when the block raises."""
+    base = tempfile.gettempdir()
+    temp = Path(tempfile.mkdtemp(prefix=prefix, dir=base if len(base) + len(prefix) + 8 <= _SHORT_TEMP else "/tmp"))
+    previous = os.environ.get("RAY_TMPDIR")
+    os.environ["RAY_TMPDIR"] = str(temp)
+    try:
+        (temp / "ray").mkdir()
+        yield temp / "ray"
+    finally:
+        if previous is None:
+            os.environ.pop("RAY_TMPDIR", None)
+        else:
+            os.environ["RAY_TMPDIR"] = previous
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _ray_writes_under_the_suite():
+    """Every Ray the suite starts (a test's cluster, a fit's local Ray, a benchmark's) keeps its
+    session folders and address file in a directory of the suite's own, gone after it: nothing is
+    read from, or left in, a ``/tmp/ray`` an earlier run may have left."""
+    with ray_temp_dir("lrl-suite-"):
+        yield
 
 
 @pytest.fixture(autouse=True)

@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -24,7 +23,7 @@ import torch
 
 from lightning_rl import A3C, APEX, APPO, IMPALA
 from lightning_rl.data.async_sampling import POLICY_VERSION
-from tests.conftest import ddp_subprocess_env, default_sigint, quiet_trainer
+from tests.conftest import ddp_subprocess_env, default_sigint, quiet_trainer, ray_temp_dir
 from tests.image_envs import BrightSide, stacked_bright_side
 from tests.ray_worker import descendants
 from tests.test_env_faults import live_pids
@@ -41,19 +40,21 @@ def cluster():
     """A head node and a second node on this machine, this process connected; all stopped after."""
     from ray.cluster_utils import Cluster
 
-    temp = tempfile.mkdtemp(prefix="lrl-ray-", dir="/tmp")  # short: Ray's socket paths live under it
     before = set(descendants(os.getpid()))
-    nodes = Cluster(initialize_head=True, connect=False, head_node_args=dict(
-        num_cpus=4, resources={"sampler_slot": 1}, object_store_memory=100 * MB, include_dashboard=False,
-        temp_dir=temp))
-    try:
-        second = nodes.add_node(num_cpus=4, resources={"sampler_slot": 1, "cpu_node": 2},
-                                object_store_memory=100 * MB)
-        ray.init(address=nodes.address, log_to_driver=False)
-        yield SimpleNamespace(nodes=nodes, head=nodes.head_node.node_id, second=second.node_id)
-    finally:
-        ray.shutdown()
-        nodes.shutdown()
+    with ray_temp_dir() as temp:  # Cluster writes its address file there and does not create it
+        nodes = None
+        try:
+            nodes = Cluster(initialize_head=True, connect=False, head_node_args=dict(
+                num_cpus=4, resources={"sampler_slot": 1}, object_store_memory=100 * MB, include_dashboard=False,
+                temp_dir=str(temp)))
+            second = nodes.add_node(num_cpus=4, resources={"sampler_slot": 1, "cpu_node": 2},
+                                    object_store_memory=100 * MB)
+            ray.init(address=nodes.address, log_to_driver=False)
+            yield SimpleNamespace(nodes=nodes, head=nodes.head_node.node_id, second=second.node_id)
+        finally:
+            ray.shutdown()
+            if nodes is not None:
+                nodes.shutdown()
     started = set(descendants(os.getpid())) - before
     assert not live_pids(sorted(started), grace_s=10.0), "Ray processes outlived the module"
 
@@ -349,3 +350,21 @@ def test_resume_with_ray_actors_keeps_counters_weights_and_replay(cluster, tmp_p
     assert any(not torch.equal(a, b) for a, b in zip(weights, resumed.parameters()))  # trained on from there
     for model in (first, resumed):
         assert not live_pids(actor_pids(model.default_datamodule), grace_s=10.0)
+
+
+def test_the_cluster_needs_nothing_an_earlier_ray_left_and_leaves_nothing(tmp_path):
+    """On a machine where no Ray ever ran (a TMPDIR with no ``ray/`` in it, a HOME of its own) the
+    module's cluster starts, serves a test and is gone, leaving that TMPDIR as empty as it found it."""
+    fresh_tmp, fresh_home = tmp_path / "t", tmp_path / "h"
+    fresh_tmp.mkdir()
+    fresh_home.mkdir()
+    env = {**os.environ, "TMPDIR": str(fresh_tmp), "HOME": str(fresh_home), "PYTHONPATH": str(WORKER.parents[1])}
+    env.pop("RAY_TMPDIR", None)
+    first = f"{Path(__file__)}::test_a_ray_actor_samples_exactly_what_a_worker_process_samples"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", first, "-n", "0", "-q", "-p", "no:cacheprovider",
+         f"--basetemp={tmp_path / 'base'}"],
+        env=env, cwd=WORKER.parents[1], capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "1 passed" in proc.stdout
+    assert sorted(p.name for p in fresh_tmp.iterdir()) == []
