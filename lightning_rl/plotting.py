@@ -21,6 +21,10 @@ drawn as the mean with a min–max (or ±std) band; with several lines each is l
 algorithm and the settings that differ. With ``labels`` (one per log dir) each distinct label
 is its own line instead, pooling the runs of the log dirs that carry it.
 
+Runs of different envs (the ``env`` of their ``hparams.yaml``) are drawn on panels of their own,
+one per env, each titled by its env, so a CartPole return and a Pendulum return never share an
+axis; a line's label then tells the algorithms of one env apart. With one env there is one axis.
+
 A run that was interrupted and resumed lives in two version folders (``version_0``, then
 ``version_1`` resumed from a checkpoint of it): the resumed one is joined to the run it
 continues, into one run (its points from where the resumed run's begin). The run it
@@ -238,6 +242,9 @@ class Curve:
     outside: tuple[tuple[Path, np.ndarray, np.ndarray], ...] = ()
     #: each run's log files, one per version folder: the run itself, then the runs resumed from it
     parts: tuple[tuple[Path, ...], ...] = ()
+    #: the env of the runs (``hparams.yaml``), the panel the line is drawn on; ``None`` when it was
+    #: not logged or the runs of a label differ in it
+    env: str | None = None
 
     @property
     def mean(self) -> np.ndarray:
@@ -292,7 +299,7 @@ def collect_curves(
                               UserWarning, stacklevel=2)
                 continue
             runs.append(_Run.read(run, steps, values))
-    lines: dict[str, list[_Run]] = {}
+    lines: list[tuple[str | None, str, list[_Run]]] = []  # (env, label, runs)
     for label, runs in by_label.items():
         kept = []
         for run in _join_resumed(runs):
@@ -304,10 +311,14 @@ def collect_curves(
             warnings.warn(f"skipping {str(run.path)!r}: it has {len(run.steps)} point(s) of {metric!r}{at}, "
                           f"fewer than the {MIN_POINTS} a curve needs", UserWarning, stacklevel=2)
         if labels is not None:
-            lines[label] = kept
-        else:
-            lines.update(_by_experiment(kept))
-    if not any(lines.values()):
+            lines.append((_common_env(kept), label, kept))
+            continue
+        by_env: dict[str | None, list[_Run]] = {}
+        for run in kept:
+            by_env.setdefault(run.env, []).append(run)
+        for env, env_runs in by_env.items():  # each env a panel, its experiments its lines
+            lines += [(env, name, group) for name, group in _by_experiment(env_runs, len(by_env) > 1).items()]
+    if not any(runs for _, _, runs in lines):
         dirs = ", ".join(repr(str(d)) for d in log_dirs)
         why = []
         if missing:
@@ -316,9 +327,9 @@ def collect_curves(
             why.append(f"{len(too_short)} run(s) have fewer than {MIN_POINTS} points of it")
         raise ValueError(f"no run under {dirs} has metric {metric!r} to plot: {'; '.join(why)}")
     curves = []
-    for label, runs in lines.items():
+    for env, label, runs in lines:
         if runs:
-            curves.append(_pool(label, runs))
+            curves.append(_pool(label, runs, env))
         else:
             warnings.warn(f"no line for label {label!r}: none of its runs has {metric!r} to plot",
                           UserWarning, stacklevel=2)
@@ -354,12 +365,23 @@ class _Run:
         return cls(path, steps, values, hparams if isinstance(hparams, dict) and hparams else None,
                    ckpt_path if isinstance(ckpt_path, str) else None, (path,))
 
+    @property
+    def env(self) -> str | None:
+        """The env the run trained on, as its ``hparams.yaml`` names it (``None``: not logged)."""
+        env = self.hparams.get("env") if self.hparams is not None else None
+        return None if env is None else str(env)
+
     def settings(self, ignore: frozenset[str]) -> str | None:
         """The settings that make the experiment, as one comparable string (``None``: unknown)."""
         if self.hparams is None:
             return None
         kept = {k: v for k, v in self.hparams.items() if k not in ignore and not k.startswith("_")}
         return json.dumps(kept, sort_keys=True, default=str)
+
+
+def _common_env(runs: Sequence[_Run]) -> str | None:
+    envs = {run.env for run in runs}
+    return envs.pop() if len(envs) == 1 else None
 
 
 def run_dir(run: Path) -> Path:
@@ -475,15 +497,18 @@ def _interval(steps: np.ndarray) -> float:
     return float(np.median(np.diff(steps))) if len(steps) > 1 else float(steps[0]) if len(steps) else 0.0
 
 
-def _by_experiment(runs: list[_Run]) -> dict[str, list[_Run]]:
+def _by_experiment(runs: list[_Run], name_alone: bool = False) -> dict[str, list[_Run]]:
     """Runs grouped by algorithm and settings, seeds excepted (``NOT_CONFIG``); each group's
     label names the algorithm and the settings that differ between its groups of that algorithm
-    (no label with one group). Runs without ``hparams.yaml`` form one group of their own."""
+    (one group: no label, or with ``name_alone`` its algorithm's). Runs without ``hparams.yaml``
+    form one group of their own."""
     groups: dict[str | None, list[_Run]] = {}
     for run in runs:
         groups.setdefault(run.settings(NOT_CONFIG), []).append(run)
     if len(groups) == 1:
-        return {"": runs}
+        (key,) = groups
+        alone = str(json.loads(key).get("algorithm", "")).rsplit(".", 1)[-1] if name_alone and key else ""
+        return {alone: runs}
     settings = {key: json.loads(key) for key in groups if key is not None}
     by_algorithm: dict[str, list[dict]] = {}
     for values in settings.values():
@@ -515,13 +540,13 @@ def _as_list(log_dirs: PathLikeStr | Sequence[PathLikeStr]) -> list[PathLikeStr]
     return log_dirs
 
 
-def _pool(label: str, joined: Sequence[_Run]) -> Curve:
+def _pool(label: str, joined: Sequence[_Run], env: str | None = None) -> Curve:
     """The runs of one line on the env-step grid they all cover, plus what lies outside it."""
     parts = tuple(run.parts for run in joined)
     runs = [(run.path, run.steps, run.values) for run in joined]
     if len(runs) == 1:
         run, steps, values = runs[0]
-        return Curve(label, (run,), steps, values[None, :], (), parts)
+        return Curve(label, (run,), steps, values[None, :], (), parts, env)
     name = f"the {len(runs)} runs" + (f" of {label!r}" if label else "")
     spans = ", ".join(f"{str(run)!r} [{s[0]}, {s[-1]}]" for run, s, _ in runs)
     lo = max(int(s[0]) for _, s, _ in runs)
@@ -545,7 +570,7 @@ def _pool(label: str, joined: Sequence[_Run]) -> Curve:
         warnings.warn(f"{name} cover different env-step ranges (first and last env step: {spans}); the mean and "
                       f"band are drawn over the range they all cover, [{lo}, {hi}], and the rest of each run "
                       f"as a thin line", UserWarning, stacklevel=3)
-    return Curve(label, tuple(run for run, _, _ in runs), grid, values, tuple(outside), parts)
+    return Curve(label, tuple(run for run, _, _ in runs), grid, values, tuple(outside), parts, env)
 
 
 # ----------------------------------------------------------------------------- drawing
@@ -561,7 +586,8 @@ def plot_curves(
     """Draw ``metric`` against env steps from ``log_dirs`` into the image ``out`` (PNG); returns its path.
 
     Without ``labels`` each experiment (algorithm and settings) found under ``log_dirs`` is a
-    line, its runs the seeds (see the module docstring). With
+    line, its runs the seeds (see the module docstring); runs of different envs are drawn on
+    panels of their own, one per env, titled by it (``title`` then heads the figure). With
     ``labels`` (one per log dir) each distinct label is one line, pooling the runs under
     the log dirs that carry it. A line of several runs is their mean on a common env-step
     grid with a ``band`` of ``"minmax"`` (default), ``"std"`` (mean ± one std) or
@@ -573,9 +599,36 @@ def plot_curves(
     figure_cls, canvas_cls, ticker = _matplotlib()
     curves = collect_curves(log_dirs, metric, labels, source)
 
-    fig = figure_cls(figsize=(7.0, 4.2), dpi=100)
+    panels: dict[str | None, list[Curve]] = {}  # one per env
+    for curve in curves:
+        panels.setdefault(curve.env, []).append(curve)
+    cols = min(len(panels), 3)
+    rows = math.ceil(len(panels) / cols)
+    fig = figure_cls(figsize=(7.0 if cols == 1 else 5.6 * cols, 4.2 * rows), dpi=100)
     canvas_cls(fig)
-    ax = fig.add_subplot()
+    heading = title if title is not None else metric
+    for i, (env, group) in enumerate(panels.items()):
+        ax = fig.add_subplot(rows, cols, i + 1)
+        _draw_panel(ax, group, band)
+        ax.xaxis.set_major_formatter(ticker.EngFormatter())  # 100 k rather than 100000
+        ax.set_xlabel("env steps")
+        ax.set_ylabel(metric)
+        ax.set_title(heading if len(panels) == 1 else env if env is not None else "env not logged, or mixed")
+        ax.grid(True, alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(loc="best")
+    if len(panels) > 1:
+        fig.suptitle(heading)
+    fig.tight_layout()
+
+    out_path = Path(out)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_path, format=None if out_path.suffix else "png")
+    return out_path
+
+
+def _draw_panel(ax, curves: Sequence[Curve], band: Band) -> None:
+    """The lines of ``curves`` on ``ax``: each run, or the mean of several with its band and thin ends."""
     band_labelled = outside_labelled = False
     for curve in curves:
         n = len(curve.runs)
@@ -594,19 +647,6 @@ def plot_curves(
         band_name = None if band_labelled else ("min–max" if band == "minmax" else "± std")
         ax.fill_between(curve.steps, *low_high, color=line.get_color(), alpha=0.2, linewidth=0, label=band_name)
         band_labelled = True
-    ax.xaxis.set_major_formatter(ticker.EngFormatter())  # 100 k rather than 100000
-    ax.set_xlabel("env steps")
-    ax.set_ylabel(metric)
-    ax.set_title(title if title is not None else metric)
-    ax.grid(True, alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(loc="best")
-    fig.tight_layout()
-
-    out_path = Path(out)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_path, format=None if out_path.suffix else "png")
-    return out_path
 
 
 def _matplotlib():
@@ -625,12 +665,14 @@ def _matplotlib():
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The ``plot`` subcommand's arguments (for wiring into a CLI's subparsers)."""
     parser.add_argument("log_dir", nargs="+", help="CSV or TensorBoard log dirs (runs of one algorithm and settings, "
-                        "seeds excepted, are one line; a resumed run continues its own)")
+                        "seeds excepted, are one line; a resumed run continues its own; each env "
+                        "is a panel of its own)")
     parser.add_argument("--out", default="curve.png", help="image to write (default: curve.png)")
     parser.add_argument("--metric", default=DEFAULT_METRIC, help=f"metric to draw (default: {DEFAULT_METRIC})")
     parser.add_argument("--labels", nargs="+", default=None,
                         help="one label per log dir; each distinct label is its own line")
-    parser.add_argument("--title", default=None, help="plot title (default: the metric)")
+    parser.add_argument("--title", default=None, help="plot title (default: the metric); with several envs "
+                        "it heads the figure and each panel is titled by its env")
     parser.add_argument("--band", choices=("minmax", "std", "none"), default="minmax",
                         help="band around the mean of several runs (default: minmax)")
     parser.add_argument("--source", choices=("auto", "csv", "tensorboard"), default="auto",
