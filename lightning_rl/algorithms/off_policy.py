@@ -80,7 +80,8 @@ class OffPolicyModule(Algorithm):
             if replay_frame_stack is True:
                 raise ValueError("replay_frame_stack=True: a multi-agent replay stores whole transitions")
             self.default_datamodule = MultiAgentReplayDataModule(self.env_spec, self.policy_mapping_fn,
-                                                                 self.policy_spaces, **replay)
+                                                                 self.policy_spaces, check_finite=self.check_finite,
+                                                                 **replay)
         else:
             self.default_datamodule = ReplayDataModule(self.env_spec, vectorization=self.vectorization,
                                                        check_finite=self.check_finite,

@@ -87,7 +87,7 @@ class OnPolicyModule(ActorCriticSettings, RecurrentSettings, Algorithm):
         if self.multi_agent:
             self.default_datamodule = MultiAgentRolloutDataModule(
                 self.env_spec, self.policy_mapping_fn, self.num_envs, self.rollout_fragment_length, self.seed,
-                self.iterations_per_epoch, sampling_device, count_steps_by,
+                self.iterations_per_epoch, sampling_device, count_steps_by, check_finite=self.check_finite,
             )
         else:
             self.default_datamodule = RolloutDataModule(

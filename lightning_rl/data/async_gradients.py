@@ -20,6 +20,7 @@ from lightning_rl.batch import MultiAgentBatch, SampleBatch
 from lightning_rl.data.async_sampling import POLICY_VERSION, AsyncSamplingDataModule, FragmentTask
 from lightning_rl.data.envs import EnvSpec
 from lightning_rl.data.rollout import RolloutDataModule
+from lightning_rl.data.samplers.engine import eval_mode, train_mode
 from lightning_rl.data.workers import Fragment
 from lightning_rl.functional import a2c_loss, gae_batch
 
@@ -47,11 +48,15 @@ class GradientTask(FragmentTask):
 
     def gradient(self, policy: nn.Module, rollout: dict[str, torch.Tensor], valid: torch.Tensor,
                  bootstrap_obs: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-        """``(flat gradient, loss terms)`` of one ``[T, N]`` fragment."""
+        """``(flat gradient, loss terms)`` of one ``[T, N]`` fragment: the bootstrap value read in
+        eval mode, as the fragment's values were sampled, the loss in train mode (Dropout on,
+        BatchNorm on the batch's statistics), as every learner computes its gradients; the
+        policy's modes are given back after."""
         rollout = {k: v.clone() for k, v in rollout.items()}  # ordinary tensors (a worker samples in inference mode)
-        with torch.no_grad():
+        with torch.no_grad(), eval_mode(policy):
             batch = gae_batch(rollout, policy.value(bootstrap_obs.clone()), valid.clone(), self.gamma, self.lambda_)
-        dist, values = policy(batch[SampleBatch.OBS])
+        with train_mode(policy):
+            dist, values = policy(batch[SampleBatch.OBS])
         loss, stats = a2c_loss(dist.log_prob(batch[SampleBatch.ACTIONS]), values, dist.entropy(),
                                batch[SampleBatch.ADVANTAGES], batch[SampleBatch.VALUE_TARGETS], self.vf_loss_coeff,
                                self.entropy_coeff)

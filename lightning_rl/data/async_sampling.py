@@ -278,8 +278,9 @@ class AsyncSamplingDataModule(EnvDataModule):
         """The learner process's own sampler (``num_workers=0``, and the probe of the columns)."""
         if self.multi_agent:
             engine = MultiAgentFragmentSampler(self.env, self.policy_mapping_fn, self.policy_agents, self.policy_spaces,
-                                               self.num_envs, self.rollout_fragment_length, seed)
-            return MultiAgentEnvDataModule(self.env, self.policy_mapping_fn, self.num_envs, seed, 1, "cpu", engine)
+                                               self.num_envs, self.rollout_fragment_length, seed, self.check_finite)
+            return MultiAgentEnvDataModule(self.env, self.policy_mapping_fn, self.num_envs, seed, 1, "cpu", engine,
+                                           self.check_finite)
         return RolloutDataModule(self.env, self.num_envs, self.rollout_fragment_length, self.vectorization, seed, 1,
                                  "cpu", self.check_finite)
 
@@ -288,7 +289,8 @@ class AsyncSamplingDataModule(EnvDataModule):
         sampling engine, or for a PettingZoo env the multi-agent fragment sampler."""
         if self.multi_agent:
             return functools.partial(_open_multi_agent_sampler, self.env, self.policy_mapping_fn, self.policy_agents,
-                                     self.policy_spaces, self.num_envs, self.rollout_fragment_length)
+                                     self.policy_spaces, self.num_envs, self.rollout_fragment_length,
+                                     self.check_finite)
         return functools.partial(_open_sampler, self.env, self.num_envs, self.vectorization, self.check_finite)
 
     def _worker_policy(self) -> nn.Module:
@@ -296,13 +298,27 @@ class AsyncSamplingDataModule(EnvDataModule):
         return self.module.policies if self.multi_agent else self.module.policies[self.policy_id]
 
     def _worker_seed(self, index: int, restarts: int = 0) -> int | None:
-        # Worker i's envs get seeds rank_seed + i * num_envs + j: disjoint from every other worker's.
-        # A resumed run offsets them by the env steps it had sampled: fresh episodes, new seeds.
-        base = rank_seed(self.seed, self.rank)
-        if base is None:
+        """The seed of worker ``index``'s envs after ``restarts`` restarts (env ``j``: this plus
+        ``j``): disjoint from every other worker's, of every rank, incarnations included.
+
+        Incarnation ``b = index + restarts * num_workers`` of rank ``r`` starts at ``rank_seed(seed,
+        r, span) + b * num_envs`` (``seed + 1000 * r + b * num_envs`` while a rank's workers seed at
+        most 1000 envs) as long as it fits in the rank's range of ``span`` seeds (``num_workers *
+        num_envs`` rounded up to a multiple of 1000); later incarnations come after every rank's
+        range, interleaved by rank. A resumed run offsets them all by the env steps it had sampled
+        (the same on every rank): fresh episodes, new seeds."""
+        if self.seed is None:
             return None
+        world_size = self.trainer.world_size if self.trainer is not None else 1
+        span = 1000 * math.ceil(max(self.num_workers, 1) * self.num_envs / 1000)
+        block = index + restarts * self.num_workers
+        fits = span // self.num_envs
+        if block < fits:
+            first = rank_seed(self.seed, self.rank, span) + block * self.num_envs
+        else:
+            first = self.seed + world_size * span + ((block - fits) * world_size + self.rank) * self.num_envs
         resumed_at = int(self.module.counters["num_env_steps_sampled"]) if self.num_workers else 0
-        return base + (index + restarts * self.num_workers) * self.num_envs + resumed_at
+        return first + resumed_at
 
     def setup(self, stage: str) -> None:
         if self.module is None and self.trainer is not None:
@@ -554,10 +570,10 @@ def _open_sampler(env: EnvSpec, num_envs: int, vectorization: str, check_finite:
 
 def _open_multi_agent_sampler(env: Any, policy_mapping_fn: Callable[[str], str], policy_agents: dict[str, list[str]],
                               policy_spaces: dict[str, tuple[Any, Any]], num_envs: int, rollout_fragment_length: int,
-                              seed: int | None) -> MultiAgentFragmentSampler:
+                              check_finite: bool, seed: int | None) -> MultiAgentFragmentSampler:
     """A worker's multi-agent sampling engine, its envs reset (env ``i`` seeded ``seed + i``)."""
     sampler = MultiAgentFragmentSampler(env, policy_mapping_fn, policy_agents, policy_spaces, num_envs,
-                                        rollout_fragment_length, seed)
+                                        rollout_fragment_length, seed, check_finite)
     sampler.open()
     sampler.reset(seed)
     return sampler

@@ -120,7 +120,7 @@ class EnvDataModule(pl.LightningDataModule):
             self.sampler.where = f" on rank {self.rank}"
         self.sampler.open()
         self.check_spaces()
-        self.sampler.reset(rank_seed(self.seed, self.rank))
+        self.sampler.reset(rank_seed(self.seed, self.rank, self.num_envs))
         self.on_envs_ready()
 
     def check_spaces(self) -> None:
@@ -147,29 +147,38 @@ class EnvDataModule(pl.LightningDataModule):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore this rank's part of ``state_dict``; call after ``setup``. Envs whose state
-        could not be captured, or a checkpoint of another world size, restart from fresh
-        episodes with a warning (the run continues, but not bit for bit)."""
+        could not be captured (async envs, envpool, emulators) restart from fresh episodes with a
+        warning, after everything else of the rank's state was restored (a replay buffer, its
+        env step count): the run continues, but not bit for bit. A checkpoint of another world
+        size restarts the episodes too."""
         if not state or self.envs is None:
             return
         world_size = self.trainer.world_size if self.trainer is not None else 1
         mine = unpack_rank_state(state, self.rank, world_size, "envs and replay")
         if mine is None:
             steps = int(state["ranks"][0]["steps"]) if state.get("ranks") else 0
-            self.restart_episodes(rank_seed(self.seed, self.rank), steps)
+            self.restart_episodes(rank_seed(self.seed, self.rank, self.num_envs), steps)
             return
-        if not self.sampler.load_local_state(mine):
-            warnings.warn(
-                f"the checkpoint holds no env state of {self.env!r} ({mine['envs']['unsupported']}): the envs were "
-                "reset and the run continues from fresh, re-seeded episodes, so it will not match an uninterrupted "
-                "run exactly",
-                stacklevel=2,
-            )
-            self.restart_episodes(rank_seed(self.seed, self.rank), self.sampler.steps)
-            return
+        envs_restored = self.sampler.load_local_state(mine)
         self.load_local_state(mine)
+        if envs_restored:
+            return
+        # Restored first, then cut: the episodes in progress end where the checkpoint left them.
+        self.restart_episodes(rank_seed(self.seed, self.rank, self.num_envs), self.sampler.steps)
+        warnings.warn(
+            f"the checkpoint holds no env state of {self.env!r} ({mine['envs']['unsupported']}): the envs were "
+            "reset and the run continues from fresh, re-seeded episodes (the episodes in progress were cut), so it "
+            f"will not match an uninterrupted run exactly; restored: {self.describe_restored(mine)}",
+            stacklevel=2,
+        )
 
     def load_local_state(self, state: dict[str, Any]) -> None:
-        """Subclass hook: restore what a subclass added to ``local_state``."""
+        """Subclass hook: restore what a subclass added to ``local_state`` (also when the envs'
+        own state could not be restored: ``on_envs_reset`` follows then)."""
+
+    def describe_restored(self, state: dict[str, Any]) -> str:
+        """What a restore kept although the envs restarted (ends the warning that says so)."""
+        return "the weights, optimizer and counters"
 
     def restart_episodes(self, seed: int | None, offset: int) -> None:
         """Reset every env to a fresh episode (seeded by ``seed + offset``), when their state

@@ -45,7 +45,8 @@ class MultiAgentEnvDataModule(EnvDataModule):
     parallel env, each policy acting for all its live agents in one forward. Subclasses are the
     ``AgentSteps`` the engine hands each agent step to (``record``, ``drop``, ``open_agents``)
     and implement ``sample``. Episode returns are the team's (summed over agents);
-    ``policy_returns`` has each policy's share."""
+    ``policy_returns`` has each policy's share. ``check_finite`` as ``EnvDataModule``'s, per agent
+    (the error names the env, the agent, the field and the step)."""
 
     def __init__(
         self,
@@ -56,10 +57,12 @@ class MultiAgentEnvDataModule(EnvDataModule):
         iterations_per_epoch: int,
         sampling_device: str,
         sampler: MultiAgentEnvSampler | None = None,
+        check_finite: bool = True,
     ) -> None:
-        super().__init__(env, num_envs, "sync", seed, iterations_per_epoch, sampling_device, check_finite=False)
+        super().__init__(env, num_envs, "sync", seed, iterations_per_epoch, sampling_device, check_finite)
         self.policy_mapping_fn = policy_mapping_fn
-        self.sampler = sampler or MultiAgentEnvSampler(env, policy_mapping_fn, num_envs, seed, self.sampling_device)
+        self.sampler = sampler or MultiAgentEnvSampler(env, policy_mapping_fn, num_envs, seed, self.sampling_device,
+                                                       check_finite=check_finite)
 
     def check_spaces(self) -> None:
         """(A PettingZoo env's spaces were checked when the module was built.)"""
@@ -130,8 +133,10 @@ class MultiAgentRolloutDataModule(MultiAgentEnvDataModule):
         iterations_per_epoch: int = 10,
         sampling_device: str = "cpu",
         count_steps_by: str = "env_steps",
+        check_finite: bool = True,
     ) -> None:
-        super().__init__(env, policy_mapping_fn, num_envs, seed, iterations_per_epoch, sampling_device)
+        super().__init__(env, policy_mapping_fn, num_envs, seed, iterations_per_epoch, sampling_device,
+                         check_finite=check_finite)
         if rollout_fragment_length < 1:
             raise ValueError(f"rollout_fragment_length must be >= 1, got {rollout_fragment_length}")
         if count_steps_by not in ("env_steps", "agent_steps"):

@@ -58,8 +58,10 @@ class MultiAgentReplayDataModule(MultiAgentEnvDataModule):
         iterations_per_epoch: int = 1000,
         sampling_device: str = "cpu",
         checkpoint_replay_buffer: bool | str = "auto",
+        check_finite: bool = True,
     ) -> None:
-        super().__init__(env, policy_mapping_fn, num_envs, seed, iterations_per_epoch, sampling_device)
+        super().__init__(env, policy_mapping_fn, num_envs, seed, iterations_per_epoch, sampling_device,
+                         check_finite=check_finite)
         check_replay_settings(buffer_size, 1, train_freq, learning_starts, n_step, gamma, prioritized_replay,
                               prioritized_replay_alpha, prioritized_replay_eps)
         check_checkpoint_replay_setting(checkpoint_replay_buffer)

@@ -165,6 +165,14 @@ class ReplayDataModule(EnvDataModule):
         else:  # an empty buffer; env_steps restarts so learning_starts fills it again
             self.on_envs_reset()
 
+    def describe_restored(self, state: dict[str, Any]) -> str:
+        done = super().describe_restored(state)
+        if state.get("buffer") is None:
+            return (f"{done}, not the replay buffer (the checkpoint holds none: checkpoint_replay_buffer), so "
+                    f"learning waits for learning_starts={self.learning_starts} env steps again")
+        stored = min(self.buffer.num_added, self.buffer.rows) * self.num_envs
+        return f"{done}, the replay buffer ({stored} env steps) and its env step count ({self.env_steps})"
+
     def on_envs_reset(self) -> None:
         if self.buffer is not None:
             self.buffer.end_episodes()  # no n-step window may join the old stream to the new

@@ -114,7 +114,10 @@ class GameScore(gym.Wrapper):
 
 class LifeLossEnds(gym.Wrapper):
     """The loss of a life ends the episode (``terminated``) without ending the game: the reset
-    that follows plays one no-op and goes on from there (a real reset only after game over)."""
+    that follows plays one no-op and goes on from there (a real reset only after game over).
+    A game that ends on that no-op (its last life lost, its time limit reached) is reset for real,
+    and the reset's ``info`` carries the ended game's ``game_score`` and ``game_length``
+    (``GameScore``), so the statistics still count it."""
 
     def __init__(self, env: gym.Env) -> None:
         super().__init__(env)
@@ -122,12 +125,16 @@ class LifeLossEnds(gym.Wrapper):
         self._game_over = True
 
     def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+        ended: dict[str, Any] = {}
         if not self._game_over:
             obs, _, terminated, truncated, info = self.env.step(0)
             if not (terminated or truncated):
                 self._lives = self.env.unwrapped.ale.lives()
                 return obs, info
+            ended = {k: info[k] for k in ("game_score", "game_length") if k in info}
         obs, info = self.env.reset(**kwargs)
+        if ended:
+            info = {**info, **ended}
         self._game_over = False
         self._lives = self.env.unwrapped.ale.lives()
         return obs, info

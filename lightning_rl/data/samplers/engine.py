@@ -10,6 +10,7 @@ DataModules (``rollout.py``, ``replay.py``) and every sampler worker process use
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator
 from itertools import islice
 from typing import Any, Protocol
@@ -32,9 +33,12 @@ from lightning_rl.data.envs import EnvSpec, close_vector_env, make_vector_env, r
 from lightning_rl.data.envs.state import UnsupportedEnvState, capture_env_state, restore_env_state
 
 
-def rank_seed(seed: int | None, rank: int) -> int | None:
-    """Distinct env seeds per DDP rank (``seed + 1000 * rank``)."""
-    return None if seed is None else seed + 1000 * rank
+def rank_seed(seed: int | None, rank: int, span: int = 1000) -> int | None:
+    """Distinct env seeds per DDP rank: ``seed + 1000 * rank``, for ranks that seed at most 1000
+    envs each with consecutive seeds from there; ``span`` envs more than 1000 (``num_envs`` of
+    one process) widen every rank's range to the next multiple of 1000, so that no two ranks'
+    envs share a seed."""
+    return None if seed is None else seed + 1000 * math.ceil(max(span, 1) / 1000) * rank
 
 
 def new_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
@@ -69,6 +73,21 @@ def eval_mode(module: nn.Module) -> Iterator[None]:
     finally:
         for m in training:
             m.training = True
+
+
+@contextlib.contextmanager
+def train_mode(module: nn.Module) -> Iterator[None]:
+    """Run ``module`` in train mode (what computing a gradient away from the learner's training
+    step needs: an A3C worker's copy acts in eval mode), then give every submodule back the
+    mode it had."""
+    evaluating = [m for m in module.modules() if not m.training]
+    if evaluating:
+        module.train()
+    try:
+        yield
+    finally:
+        for m in evaluating:
+            m.training = False
 
 
 def act(policy: nn.Module, obs: Tensor, device: torch.device, explore: bool, generator: torch.Generator | None,

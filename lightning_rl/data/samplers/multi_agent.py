@@ -84,14 +84,19 @@ class MultiAgentEnvSampler:
             (gymnasium's next-step autoreset): that step's rows hold each agent's final
             observation (time-major fragments, where V-trace bootstraps a truncation from the
             next row).
+        check_finite: raise, naming the env, the agent, the field and the step, when an env gives
+            an agent a NaN or infinite reward or (floating-point) observation.
 
     Episode returns are the team's (summed over agents); ``policy_returns`` has each policy's share.
     """
 
     def __init__(self, env: Callable[[], Any], policy_mapping_fn: Callable[[str], str], num_envs: int,
-                 seed: int | None = None, device: torch.device | str = "cpu", reset_next_step: bool = False) -> None:
+                 seed: int | None = None, device: torch.device | str = "cpu", reset_next_step: bool = False,
+                 check_finite: bool = True) -> None:
         self.env, self.policy_mapping_fn, self.num_envs = env, policy_mapping_fn, num_envs
         self.reset_next_step = reset_next_step
+        self.check_finite = check_finite
+        self.steps = 0  # steps of every env together (each env's own step count, resets included)
         self.generator = new_generator(seed, device)
         self.par_envs: list[Any] = []
         self.obs: list[dict[str, Any]] = []  # each env's latest observation of every agent
@@ -113,6 +118,9 @@ class MultiAgentEnvSampler:
         if seed is not None:
             self.generator.manual_seed(seed)
         self.obs = [env.reset(seed=None if seed is None else seed + i)[0] for i, env in enumerate(self.par_envs)]
+        if self.check_finite:
+            for i, obs in enumerate(self.obs):
+                self._check_finite(i, "observation", obs, "at reset")
         self._returns = [dict.fromkeys(env.agents, 0.0) for env in self.par_envs]
         self._lengths = [0] * self.num_envs
         self._reset_pending = [False] * self.num_envs
@@ -151,6 +159,10 @@ class MultiAgentEnvSampler:
                 continue
             obs, rewards, terminations, truncations, _ = env.step(actions[i])
             self._lengths[i] += 1
+            if self.check_finite:
+                when = f"at its env step {self.steps + 1}"
+                self._check_finite(i, "reward", rewards, when)
+                self._check_finite(i, "observation", obs, when)
             for agent in actions[i]:
                 reward = float(rewards.get(agent, 0.0))
                 self._returns[i][agent] = self._returns[i].get(agent, 0.0) + reward
@@ -167,7 +179,18 @@ class MultiAgentEnvSampler:
                     steps.drop(i, agent, self.policy_mapping_fn(agent), self.obs[i].get(agent))
             if not env.agents:  # the episode is over for everyone
                 self._end_episode(i, steps)
+        self.steps += 1
         return resets + sum(1 for a in actions if a), sum(len(a) for a in actions)
+
+    def _check_finite(self, i: int, field: str, values: Mapping[str, Any], when: str) -> None:
+        """Raise if an agent's ``field`` in env ``i`` (a dict by agent) holds a NaN or infinity."""
+        for agent, value in values.items():
+            array = np.asarray(value)
+            if array.dtype.kind in "fc" and not np.isfinite(array).all():
+                raise ValueError(
+                    f"env {i} of {self.num_envs} ({self.env!r}){self.where} gave agent {agent!r} a non-finite "
+                    f"{field} {when}: {value!r}. Fix the env, or pass check_finite=False to train on it anyway"
+                )
 
     def _end_episode(self, i: int, steps: AgentSteps) -> None:
         returns = self._returns[i]
@@ -186,6 +209,8 @@ class MultiAgentEnvSampler:
     def _reset_env(self, i: int) -> None:
         self._reset_pending[i] = False
         obs, _ = self.par_envs[i].reset()
+        if self.check_finite:
+            self._check_finite(i, "observation", obs, f"at the reset of its env step {self.steps + 1}")
         self.obs[i] = obs
         self._returns[i] = dict.fromkeys(self.par_envs[i].agents, 0.0)
         self._lengths[i] = 0
@@ -216,6 +241,7 @@ class MultiAgentEnvSampler:
             "returns": [dict(r) for r in self._returns],
             "lengths": list(self._lengths),
             "reset_pending": list(self._reset_pending),
+            "steps": self.steps,
         }
 
     def load_local_state(self, state: dict[str, Any]) -> bool:
@@ -230,6 +256,7 @@ class MultiAgentEnvSampler:
         self._returns = [dict(r) for r in state["returns"]]
         self._lengths = list(state["lengths"])
         self._reset_pending = list(state["reset_pending"])
+        self.steps = int(state.get("steps", 0))
         return True
 
 
@@ -246,8 +273,9 @@ class MultiAgentFragmentSampler(MultiAgentEnvSampler):
 
     def __init__(self, env: Callable[[], Any], policy_mapping_fn: Callable[[str], str],
                  policy_agents: dict[str, list[str]], policy_spaces: dict[str, tuple[Any, Any]], num_envs: int,
-                 rollout_fragment_length: int, seed: int | None = None) -> None:
-        super().__init__(env, policy_mapping_fn, num_envs, seed, "cpu", reset_next_step=True)
+                 rollout_fragment_length: int, seed: int | None = None, check_finite: bool = True) -> None:
+        super().__init__(env, policy_mapping_fn, num_envs, seed, "cpu", reset_next_step=True,
+                         check_finite=check_finite)
         self.rollout_fragment_length = rollout_fragment_length
         self.policy_agents = {pid: list(agents) for pid, agents in policy_agents.items()}
         self.policy_spaces = dict(policy_spaces)

@@ -64,9 +64,14 @@ def _worker_main(index: int, seed: int | None, make_sampler: Callable[[int | Non
     fragment, fill the slot with it, send its id on ``out``; until stopped or orphaned. Each
     worker has its own two pipes: a worker killed mid-write can corrupt only its own (a shared
     queue's lock would hang the others)."""
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C belongs to the learner, which stops us
+    # Daemonic for the learner (stopped at its exit), but free to start processes of its own: the
+    # envs of ``vectorization="async"``. SIGTERM (how the pool stops a worker) stops them first,
+    # then ends the worker as SIGTERM does; a worker killed outright leaves them to exit when their
+    # pipes to it close.
+    mp.current_process().daemon = False
     worker = None
+    signal.signal(signal.SIGTERM, lambda signum, frame: _stop(worker))
     try:
         worker = SamplerWorker(make_sampler, seed, policy, task, length)
         while not stop.is_set() and os.getppid() == parent_pid:
@@ -85,8 +90,21 @@ def _worker_main(index: int, seed: int | None, make_sampler: Callable[[int | Non
         except OSError:
             pass
     finally:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # a close under way ends before the worker
         if worker is not None:
             worker.close()
+
+
+def _stop(worker: SamplerWorker | None) -> None:
+    """SIGTERM in a worker: close its envs (terminating their processes; those of envs still
+    being built too), then die of SIGTERM."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        if worker is not None:
+            worker.close()
+        stop_processes(mp.active_children(), timeout=1.0)
+    finally:
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 class ProcessPool(WorkerPool):
