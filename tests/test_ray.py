@@ -368,3 +368,55 @@ def test_the_cluster_needs_nothing_an_earlier_ray_left_and_leaves_nothing(tmp_pa
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "1 passed" in proc.stdout
     assert sorted(p.name for p in fresh_tmp.iterdir()) == []
+
+
+# ------------------------------------------------------------------ issue 35: a fragment lost after it was ready
+class LosesFragments:
+    """The ``ray`` module as the pool sees it, except that fetching the next fragments raises
+    these errors: what Ray raises when a ready fragment's copy was lost with its node
+    (``ObjectLostError``) or its owner's record of it is gone (``OwnerDiedError``)."""
+
+    def __init__(self, pool, errors: list[type]) -> None:
+        self._pool, self._errors = pool, list(errors)
+
+    def __getattr__(self, name: str):
+        return getattr(ray, name)
+
+    def get(self, ref, *args, **kwargs):
+        if self._errors and isinstance(ref, ray.ObjectRef) and ref not in self._pool.where_refs:
+            raise self._errors.pop(0)(ref.hex(), None, "")
+        return ray.get(ref, *args, **kwargs)
+
+
+def test_a_fragment_lost_after_it_was_ready_is_a_dead_worker(cluster):
+    """A lost fragment (its node gone after it was ready) ends the worker as a death does: a new
+    actor with a new seed under ``restart_failed_workers``, else an error naming the worker."""
+    from ray.exceptions import ObjectLostError, OwnerDiedError
+
+    one = {**SMALL, "num_workers": 1}
+    dm = started(IMPALA(**one, train_batch_size=20, restart_failed_workers=True))
+    try:
+        dm.sample()
+        old = dm.pool.where[0]
+        dm.pool.ray = LosesFragments(dm.pool, [ObjectLostError, OwnerDiedError])
+        for _ in range(6):
+            dm.sample()
+        assert dm.counters["num_worker_restarts"] == 2 and dm.pool.restarts == [2]
+        assert not dm.pool.ray._errors
+        assert dm.pool.locate(0, timeout=30)["actor_id"] != old["actor_id"]
+        assert not live_pids([old["pid"]], grace_s=10.0)  # the old actor was killed
+    finally:
+        dm.close()
+    assert not live_pids(actor_pids(dm), grace_s=10.0)
+
+    dm = started(IMPALA(**one, train_batch_size=20))
+    try:
+        dm.sample()
+        dm.pool.ray = LosesFragments(dm.pool, [ObjectLostError])
+        with pytest.raises(RuntimeError, match=r"sampler worker 0 \(Ray actor \w+, pid \d+, on node \w+ at [\d.]+\) "
+                                               r"lost its fragment: .*"):
+            for _ in range(50):
+                dm.sample()
+    finally:
+        dm.close()
+    assert not live_pids(actor_pids(dm), grace_s=10.0)

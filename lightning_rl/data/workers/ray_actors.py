@@ -11,11 +11,12 @@ samples) offers it to the actor at once; an actor loads a version only when it c
 
 Faults are Ray's: an exception in an actor's method (an env error) is a ``RayTaskError`` with
 its traceback, re-raised naming the worker; a dead actor (killed, out of memory, its node lost)
-fails its requests with ``RayActorError``: restarted as a new actor with a new seed when
-``restart_failed_workers``, else an error naming the worker and its node. Without a running
-Ray (``ray.is_initialized()``) and without ``ray_address`` or ``RAY_ADDRESS`` a local Ray is
-started for the run and shut down after it; a Ray the pool joined is left running, its actors
-killed.
+fails its requests with ``RayActorError``, and a fragment that was ready and then lost with its
+node fails its fetch with ``ObjectLostError`` (``OwnerDiedError`` among them): either way the
+worker is restarted as a new actor with a new seed when ``restart_failed_workers``, else an error
+names the worker and its node. Without a running Ray (``ray.is_initialized()``) and without
+``ray_address`` or ``RAY_ADDRESS`` a local Ray is started for the run and shut down after it; a
+Ray the pool joined is left running, its actors killed.
 """
 
 from __future__ import annotations
@@ -190,7 +191,7 @@ class RayPool(WorkerPool):
 
     # ------------------------------------------------------------ fragments
     def receive(self, limit: int, timeout: float) -> list[Received]:
-        from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+        from ray.exceptions import GetTimeoutError, ObjectLostError, RayActorError, RayTaskError
 
         with self.lock:
             refs = list(self.pending)
@@ -213,6 +214,9 @@ class RayPool(WorkerPool):
             except RayActorError as err:
                 self._died(index, incarnation, err)
                 continue
+            except ObjectLostError as err:  # ready, then lost with its node (OwnerDiedError is one too)
+                self._died(index, incarnation, err, "lost its fragment")
+                continue
             except RayTaskError as err:
                 raise RuntimeError(f"{self.name(index)} failed:\n\nTraceback in the worker:\n{err}") from None
             except GetTimeoutError:
@@ -226,14 +230,15 @@ class RayPool(WorkerPool):
             received.append(Received(Fragment(tensors, version, index, extra), seconds, episodes))
         return received
 
-    def _died(self, index: int, incarnation: int, err: Exception) -> None:
-        """Worker ``index``'s actor is dead: a new one (new seed), or an error naming it."""
+    def _died(self, index: int, incarnation: int, err: Exception, what: str = "died") -> None:
+        """Worker ``index``'s actor is dead, or what it sent was lost with its node (its actor is
+        then as good as dead: killed): a new one (new seed), or an error naming it."""
         if self.closing or incarnation != self.restarts[index]:
             return  # an incarnation already replaced
         if getattr(err, "actor_init_failed", False):  # its sampler could not be built: the same again would fail
             raise RuntimeError(f"{self.name(index)} failed:\n\nTraceback in the worker:\n{err}")
         if not self.spec.restart_failed_workers:
-            raise RuntimeError(f"{self.name(index)} died: {err}")
+            raise RuntimeError(f"{self.name(index)} {what}: {err}")
         with self.lock:
             self.restarts[index] += 1
             for ref in [r for r, (i, _) in self.pending.items() if i == index]:
