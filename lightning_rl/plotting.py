@@ -86,6 +86,8 @@ from typing import Literal
 
 import numpy as np
 
+from lightning_rl.extras import missing_dependency
+
 DEFAULT_METRIC = "rollout/episode_return_mean"
 EVENT_GLOB = "events.out.tfevents.*"
 CSV_NAME = "metrics.csv"
@@ -698,7 +700,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     for warning in caught:
         print(f"lightning-rl plot: warning: {warning.message}", file=sys.stderr)
     if failure is not None:
-        print(f"lightning-rl plot: error: {failure}", file=sys.stderr)
+        print(f"lightning-rl plot: error: {missing_dependency(failure) or failure}", file=sys.stderr)
         return 1
     print(f"wrote {out}")
     return 0

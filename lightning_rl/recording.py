@@ -29,6 +29,7 @@ from lightning_rl.algorithms.base import Algorithm
 from lightning_rl.checkpoint import algorithm_class, algorithm_names, read_checkpoint, resolve_algorithm
 from lightning_rl.data.envs import EnvSpec, GymMake, check_env, env_spaces, env_spec
 from lightning_rl.data.envs.spaces import flatten_env
+from lightning_rl.extras import missing_dependency
 from lightning_rl.inference import Acting
 
 __all__ = ["load_model", "main", "make_render_env", "make_render_parallel_env", "record"]
@@ -365,8 +366,9 @@ def run_from_args(args: argparse.Namespace) -> int:
         returns = record(model, args.out, num_episodes=args.num_episodes, seed=args.seed,
                          fps=args.fps, max_frames=args.max_frames)
     except (FileNotFoundError, ValueError, TypeError, ImportError, gym.error.Error) as err:
-        # gym.error.DependencyNotInstalled: e.g. pygame, which classic-control envs render with
-        print(f"lightning-rl record: error: {err}", file=sys.stderr)
+        # gym.error.DependencyNotInstalled: e.g. pygame, which classic-control envs render with; named
+        # as this package's extra (gymnasium's message says to install plain pygame, which clashes)
+        print(f"lightning-rl record: error: {missing_dependency(err) or err}", file=sys.stderr)
         return 1
     shown = ", ".join(f"{r:.1f}" for r in returns) or "none finished"
     print(f"wrote {args.out} ({type(model).__name__}, episode returns: {shown})")

@@ -23,6 +23,7 @@ from gymnasium.vector import AutoresetMode
 from lightning_rl.data.envs.atari import is_atari_id, make_atari, register_ale
 from lightning_rl.data.envs.envpool_env import envpool_task, make_envpool
 from lightning_rl.data.envs.spaces import flatten_vector_env
+from lightning_rl.extras import missing_dependency_error
 
 Vectorization = Literal["auto", "sync", "async", "vector_entry_point", "envpool"]
 VECTORIZATIONS = ("auto", "sync", "async", "vector_entry_point", "envpool")
@@ -55,10 +56,29 @@ EnvSpec = str | Callable[[], gym.Env]
 
 def gym_make(env_id: str, **kwargs: Any) -> gym.Env:
     """``gymnasium.make``, except that an ALE id gets the standard Atari preprocessing
-    (``atari.make_atari``; its steps are switched by ``kwargs``)."""
-    if is_atari_id(env_id):
-        return make_atari(env_id, **kwargs)
-    return gym.make(env_id, **kwargs)
+    (``atari.make_atari``; its steps are switched by ``kwargs``) and ALE's banner is not printed
+    (once per env process otherwise). An optional dependency the env lacks (Box2D, MuJoCo, ...) is
+    an ``ImportError`` naming the env and the extra that installs it."""
+    try:
+        if is_atari_id(env_id):
+            _quiet_ale()
+            return make_atari(env_id, **kwargs)
+        return gym.make(env_id, **kwargs)
+    except (ImportError, gym.error.DependencyNotInstalled) as err:
+        missing = missing_dependency_error(err, f"env {env_id!r}")
+        if missing is None:
+            raise
+        raise missing from err
+
+
+def _quiet_ale() -> None:
+    """ALE's logger at warnings and errors only: its info is the ``A.L.E: Arcade Learning
+    Environment`` / ``[Powered by Stella]`` banner that every env process would print."""
+    try:
+        import ale_py
+    except ImportError:
+        return  # make_atari says what to install
+    ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Warning)
 
 
 def env_id_of(env: Any) -> str | None:
