@@ -24,8 +24,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from lightning_fabric.plugins import CheckpointIO
 from pytorch_lightning.trainer.states import TrainerFn
+from pytorch_lightning.utilities import rank_zero_info
 
 from lightning_rl.distributed import gather_to_rank_zero
+from lightning_rl.functional import piecewise_linear
 
 if TYPE_CHECKING:
     from lightning_rl.algorithms.base import Algorithm
@@ -327,6 +329,9 @@ def algorithm_state(module: Algorithm, interrupted: bool) -> dict[str, Any]:
         "algorithm": class_path(type(module)),
         "base_algorithm": class_path(builtin_algorithm(type(module))),
         "global_counters": dict(module.global_counters),
+        "total_env_steps": module.total_env_steps,
+        "schedules": {setting: [[float(t), float(v)] for t, v in points]
+                      for setting, points, _ in _schedules(module) if points is not None},
         "ranks": pack_rank_states(local, interrupted),
         "datamodule": dm.state_dict() if dm is not None else None,
         **module.extra_state(),
@@ -339,6 +344,8 @@ def restore_algorithm_state(module: Algorithm, state: dict[str, Any], rank: int,
     counters under another world size). Returns the default DataModule's state, which waits
     for the DataModule's setup."""
     module.global_counters.update(state.get("global_counters", {}))
+    if fitting and rank == 0:
+        say_retimed_schedules(module, state)
     mine = unpack_rank_state(state.get("ranks"), rank, world_size, "counters and RNG", warn=fitting)
     if mine is not None:
         module.counters.update(mine["counters"])
@@ -350,3 +357,45 @@ def restore_algorithm_state(module: Algorithm, state: dict[str, Any], rank: int,
         module.counters.update({k: v // world_size for k, v in module.global_counters.items()})
     module.load_extra_state(state)
     return state.get("datamodule")
+
+
+# ----------------------------------------------------------------------------- schedules at resume
+# The schedules an algorithm may have: (setting, attribute holding its points, the value it sets).
+SCHEDULES = (
+    ("lr_schedule", "lr_points", "lr"),
+    ("clip_param_schedule", "clip_points", "clip_param"),
+    ("prioritized_replay_beta", "beta_points", "prioritized_replay_beta"),
+)
+
+
+def _schedules(module: Algorithm) -> list[tuple[str, list[tuple[float, float]] | None, str]]:
+    return [(setting, getattr(module, attr), value) for setting, attr, value in SCHEDULES if hasattr(module, attr)]
+
+
+def say_retimed_schedules(module: Algorithm, state: dict[str, Any]) -> None:
+    """A run resumed with another ``total_env_steps`` re-times the schedules derived from it
+    (``linear`` ones, ``prioritized_replay_beta``'s annealing): they end at the new budget, as
+    SB3's do when ``learn`` continues with a larger ``total_timesteps``. Said in one line, with
+    each schedule's old and new end and its value now under both."""
+    saved = state.get("schedules")
+    if not saved:
+        return  # a checkpoint from before schedules were saved, or without any
+    step = module.global_counters.get(module.budget_counter, 0)
+    changes = []
+    for setting, points, value in _schedules(module):
+        old = saved.get(setting)
+        if old is None or points is None or [[float(t), float(v)] for t, v in points] == old:
+            continue
+        changes.append(f"{setting} ends at {points[-1][0]:,.0f} (was {old[-1][0]:,.0f}), so {value} is "
+                       f"{piecewise_linear(points, step):.3g} (was {piecewise_linear(old, step):.3g})")
+    if changes:
+        unit = "env steps" if module.budget_counter == "num_env_steps_sampled" else "agent steps"
+        was = state.get("total_env_steps")
+        rank_zero_info(
+            f"{type(module).__name__} resumes at {step:,} {unit} with total_env_steps={_count(module.total_env_steps)} "
+            f"(was {_count(was)}); the schedules derived from the budget end at the new one: {'; '.join(changes)}"
+        )
+
+
+def _count(value: Any) -> str:
+    return f"{value:,}" if isinstance(value, int) else str(value)

@@ -272,6 +272,13 @@ class Algorithm(ActionAPI, EvaluationHooks, pl.LightningModule, metaclass=Algori
         return self.total_env_steps is not None and self.global_counters[self.budget_counter] >= self.total_env_steps
 
     # ---------------------------------------------------------------- Lightning hooks
+    @pl.LightningModule.trainer.setter
+    def trainer(self, trainer: pl.Trainer | None) -> None:
+        # set by trainer.fit/validate/test before Lightning reads the loop limits
+        pl.LightningModule.trainer.fset(self, trainer)
+        if trainer is not None:
+            TrainerWiring.attached(self, trainer)
+
     def configure_callbacks(self) -> list[pl.Callback]:
         return TrainerWiring.callbacks(self, self._trainer)
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 import pytorch_lightning as pl
-from pytorch_lightning.callbacks import RichProgressBar, TQDMProgressBar
+from pytorch_lightning.callbacks import RichProgressBar, Timer, TQDMProgressBar
 from pytorch_lightning.utilities import rank_zero_info
 
 from lightning_rl.callbacks.episodes import RolloutMetricsCallback
@@ -22,15 +23,53 @@ if TYPE_CHECKING:
     from lightning_rl.algorithms.base import Algorithm
 
 
+# Lightning's advertisements, logged (at INFO) by every Trainer: the packages they name are not
+# needed, and lightning_rl's own logging (the logger a run gets, its checkpoints) is complete.
+LIGHTNING_TIPS = (
+    "💡 Tip: For seamless cloud logging and experiment tracking, try installing [litlogger]",
+    "💡 Tip: For seamless cloud uploads and versioning, try installing [litmodels]",
+)
+
+
+class _LightningTips(logging.Filter):
+    """Drops exactly the records of ``LIGHTNING_TIPS`` from Lightning's rank-zero logger."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (isinstance(record.msg, str) and record.msg.startswith(LIGHTNING_TIPS))
+
+
+def quiet_lightning_tips() -> None:
+    """Installs the filter on the logger Lightning's ``rank_zero_info`` writes to (once)."""
+    logger = logging.getLogger("pytorch_lightning.utilities.rank_zero")
+    if not any(isinstance(f, _LightningTips) for f in logger.filters):
+        logger.addFilter(_LightningTips())
+
+
+quiet_lightning_tips()  # before any Trainer is made: Trainer.__init__ logs them
+
+
 class TrainerWiring(pl.Callback):
     """The Trainer settings an algorithm owns and the process around its fit.
 
     ``Algorithm.configure_callbacks`` calls ``callbacks``: the first hook Lightning calls on
     the module, before it restores a checkpoint and before callbacks' ``setup`` read the
-    validation cadence. The callback itself then pins threads and CPUs for the fit (restored
-    after it, also when it fails), checks the strategy, lifts Lightning's default epoch cap
-    under an env-step budget, stops a resumed run whose budget is spent, and closes the
-    envs of a failed fit."""
+    validation cadence (``attached``, called as ``trainer.fit`` attaches the module, comes
+    earlier still: it lifts Lightning's default epoch cap under an env-step budget). The
+    callback itself then pins threads and CPUs for the fit (restored after it, also when it
+    fails), checks the strategy, stops a resumed run whose budget is spent, says why a
+    callback stopped a run before its budget, and closes the envs of a failed fit."""
+
+    def __init__(self) -> None:
+        self._stops_before: dict[int, object] = {}
+
+    @staticmethod
+    def attached(module: Algorithm, trainer: pl.Trainer) -> None:
+        """``module`` is being attached to ``trainer`` (``trainer.fit``/``validate``/``test``, before
+        Lightning reads its loop limits). With an env-step budget the budget is the limit: no
+        epoch limit, where Lightning would set 1000 with a warning to set ``max_epochs`` (an
+        explicit ``max_epochs``, ``max_steps`` or ``max_time`` stands)."""
+        if module.total_env_steps and trainer.fit_loop.max_epochs is None and trainer.max_steps == -1:
+            trainer.fit_loop.max_epochs = -1
 
     @staticmethod
     def callbacks(module: Algorithm, trainer: pl.Trainer | None) -> list[pl.Callback]:
@@ -64,13 +103,9 @@ class TrainerWiring(pl.Callback):
         pl_module.process_settings.apply(trainer.local_rank, trainer.num_devices, pl_module.device.type == "cpu")
         check_strategy(trainer)
         check_precision(trainer)
-        # Lightning turns "no limit given" into max_epochs=1000; with an env-step budget the
-        # budget is the limit, so lift the epoch cap (a user's explicit max_epochs of 1000
-        # is indistinguishable and is lifted too, as docs/guides/how-a-run-works.md says).
-        if pl_module.total_env_steps and trainer.fit_loop.max_epochs == 1000 and trainer.max_steps == -1:
-            trainer.fit_loop.max_epochs = -1
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: Algorithm) -> None:
+        self._stops_before = {id(cb): _stop_reason(cb) for cb in trainer.callbacks}
         # Resuming a run whose budget is spent trains nothing (Lightning would start another epoch).
         if pl_module.budget_spent():
             rank_zero_info(
@@ -78,6 +113,21 @@ class TrainerWiring(pl.Callback):
                 f"total_env_steps={pl_module.total_env_steps}: nothing to train (raise total_env_steps to continue)"
             )
             trainer.should_stop = True
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: Algorithm) -> None:
+        # A callback (EarlyStopping) ended the run before its budget: say which, and why.
+        if not trainer.should_stop or pl_module.budget_spent():
+            return
+        if any(isinstance(cb, Timer) and cb.time_remaining() is not None and cb.time_remaining() <= 0
+               for cb in trainer.callbacks):
+            return  # Lightning's Timer says so itself
+        stopped_by = [cb for cb in trainer.callbacks
+                      if _stop_reason(cb) is not None and _stop_reason(cb) != self._stops_before.get(id(cb))]
+        why = "; ".join(f"{type(cb).__name__}: {_stop_reason(cb)}" for cb in stopped_by) or \
+            "trainer.should_stop was set (by a callback or the module)"
+        steps = pl_module.global_counters[pl_module.budget_counter]
+        of = f" of total_env_steps={pl_module.total_env_steps:,}" if pl_module.total_env_steps else ""
+        rank_zero_info(f"{type(pl_module).__name__} stopped early, at {steps:,} env steps{of}: {why}")
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: Algorithm) -> None:
         pl_module.process_settings.restore()
@@ -92,6 +142,12 @@ class TrainerWiring(pl.Callback):
         dm = pl_module.active_datamodule
         if isinstance(dm, EnvDataModule) and dm is not trainer.datamodule:  # Lightning tells its own
             dm.on_exception(exception)
+
+
+def _stop_reason(callback: pl.Callback) -> str | None:
+    """Why ``callback`` stopped the run, as it says (``EarlyStopping.stopping_reason_message``)."""
+    reason = getattr(callback, "stopping_reason_message", None)
+    return reason.removesuffix(" Signaling Trainer to stop.").strip() if isinstance(reason, str) else None
 
 
 SUPPORTED_PRECISION = ("32-true", "bf16-mixed")

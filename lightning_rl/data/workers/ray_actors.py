@@ -25,6 +25,8 @@ import functools
 import importlib.util
 import math
 import os
+import secrets
+import sys
 import threading
 import time
 from typing import Any
@@ -50,6 +52,49 @@ def import_ray() -> Any:
     except ImportError:
         raise ImportError(RAY_EXTRA) from None
     return ray
+
+
+AUTH_VARIABLES = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+
+
+def run_token_auth() -> dict[str, str | None]:
+    """Token authentication for the local Ray a run starts, with a token of its own in this
+    process's environment (the Ray processes inherit it), unless the user chose a mode or a
+    token (``RAY_AUTH_MODE``, ``RAY_AUTH_TOKEN[_PATH]``). Left to itself, Ray enables token
+    authentication with a warning and writes a token to ``~/.ray/auth_token``. Returns the
+    variables as they were, for ``restore_environ`` once the Ray is shut down."""
+    if any(name in os.environ for name in AUTH_VARIABLES):
+        return {}
+    before = {name: os.environ.get(name) for name in AUTH_VARIABLES}
+    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+    _reread_ray_auth()
+    return before
+
+
+def restore_environ(before: dict[str, str | None]) -> None:
+    if not before:
+        return
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    _reread_ray_auth()
+
+
+def _reread_ray_auth() -> None:
+    """Ray reads ``RAY_AUTH_MODE`` into its config when imported and caches the token it finds:
+    have it read both again (as Ray's own ``_enable_token_auth`` does), so that this process
+    uses the token its Ray processes inherit."""
+    if "ray" not in sys.modules:
+        return  # read when imported
+    try:
+        from ray._raylet import AuthenticationTokenLoader, Config
+    except ImportError:  # a Ray without token authentication: nothing to read
+        return
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
 
 
 @functools.cache
@@ -108,6 +153,7 @@ class RayPool(WorkerPool):
         self.pending: dict[Any, tuple[int, int]] = {}  # request -> (worker, incarnation)
         self.weights: tuple[Any, int] | None = None
         self.owns_ray = False
+        self.auth_env: dict[str, str | None] = {}  # the environment's auth variables before this run's Ray
         self.closing = False
         self.lock = threading.RLock()  # the loader thread restarts, the learner releases
 
@@ -120,8 +166,13 @@ class RayPool(WorkerPool):
             if address:
                 ray.init(address=address)
             else:  # a Ray of this machine for this run: enough of what the workers ask for
-                ray.init(address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(n * self.num_cpus)),
-                         resources={k: v * n for k, v in self.resources.items()}, include_dashboard=False)
+                self.auth_env = run_token_auth()
+                try:
+                    ray.init(address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(n * self.num_cpus)),
+                             resources={k: v * n for k, v in self.resources.items()}, include_dashboard=False)
+                except BaseException:
+                    restore_environ(self.auth_env)
+                    raise
             self.owns_ray = True
         self.policy_ref = ray.put(self.spec.policy)
         self.broadcast(policy, version)
@@ -279,3 +330,4 @@ class RayPool(WorkerPool):
         if self.owns_ray:
             self.owns_ray = False
             self.ray.shutdown()
+            restore_environ(self.auth_env)
