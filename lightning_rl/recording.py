@@ -29,6 +29,7 @@ from lightning_rl.algorithms.base import Algorithm
 from lightning_rl.checkpoint import algorithm_class, algorithm_names, read_checkpoint, resolve_algorithm
 from lightning_rl.data.envs import EnvSpec, GymMake, check_env, env_spaces, env_spec
 from lightning_rl.data.envs.spaces import flatten_env
+from lightning_rl.evaluation import env_step_limit, episode_step_cap, max_episode_steps_of, say_cut
 from lightning_rl.extras import missing_dependency
 from lightning_rl.inference import Acting
 
@@ -42,9 +43,12 @@ def headless_sdl() -> None:
     """Render off-screen: pygame (classic control's renderer) initialises SDL's video and audio,
     which on a machine without a display or sound server prints errors such as
     "XDG_RUNTIME_DIR is invalid". Frames are drawn to surfaces, so SDL's dummy drivers serve;
-    a driver the user chose is kept."""
+    a driver the user chose is kept. SDL also installs, where none is set, a SIGTERM handler that
+    turns the signal into a quit event no one reads (``kill PID`` would be ignored while
+    recording): ``SDL_NO_SIGNAL_HANDLERS`` keeps it out."""
     os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
     os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
+    os.environ.setdefault("SDL_NO_SIGNAL_HANDLERS", "1")
     os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
 
 
@@ -158,8 +162,10 @@ def record(
     ``model.compute_actions(obs[None], explore=False)[0]``, clipped to the bounds of a
     ``Box`` action space. The GIF holds at most ``max_frames`` frames (the reset frame of
     each episode and one per step): once that many were taken recording stops, with a
-    warning, and the unfinished episode is left out of the returns. Returns the returns of
-    the episodes played to the end.
+    warning, and the unfinished episode is left out of the returns. Each episode is capped as
+    evaluation's are: at the env's own time limit where it declares one, else at the model's
+    ``evaluation_max_episode_steps`` steps; an episode cut there ends with its return so far, and
+    a warning names the env (once). Returns the returns of the episodes played to the end.
 
     A multi-agent model plays its PettingZoo env (see :func:`make_render_parallel_env`), every
     live agent acting greedily with the policy ``policy_mapping_fn`` names for it (``policy_id``
@@ -188,16 +194,22 @@ def record(
         model.check_spaces(render_env.observation_space, render_env.action_space)
         space = render_env.action_space
         games = bool(render_env.metadata.get("game_scores"))  # episodes are whole games
+        cap, own = episode_step_cap(env_step_limit(render_env), max_episode_steps_of(model))
+        cut = 0
         truncated_gif = False
         for episode in range(num_episodes):
             obs, _ = render_env.reset(seed=seed if episode == 0 else None)
             frames.append(_frame(render_env))
-            episode_return, done = 0.0, False
+            episode_return, done, steps = 0.0, False, 0
             acting = Acting(model, **policy_kwargs)  # a recurrent policy's state starts fresh
             while not done:
                 if len(frames) >= max_frames:
                     truncated_gif = True
                     break
+                if steps >= cap:
+                    cut += 1
+                    break
+                steps += 1
                 action = acting.act(np.asarray(obs)[None])[0]
                 if isinstance(space, gym.spaces.Box):
                     action = np.clip(action, space.low, space.high).astype(space.dtype)
@@ -216,6 +228,8 @@ def record(
             returns.append(episode_return)
     finally:
         render_env.close()
+    if cut:
+        say_cut(spec, cap, own, cut, num_episodes, what="record")
     _finish(frames, returns, truncated_gif, num_episodes, max_frames, out, fps)
     return returns
 
@@ -246,14 +260,19 @@ def _play_multi_agent(model: Algorithm, spec: Any, num_episodes: int, seed: int 
                 raise ValueError(f"agent {agent!r} of env {spec!r} has spaces {spaces[0]}, {spaces[1]}, but its "
                                  f"policy {policy_id!r} was built for {model.policy_spaces[policy_id][0]}, "
                                  f"{model.policy_spaces[policy_id][1]}")
+        cap, cut = max_episode_steps_of(model), 0
         for episode in range(num_episodes):
             obs, _ = made.reset(seed=seed if episode == 0 else None)
             frames.append(_frame(made))
-            total = 0.0
+            total, steps = 0.0, 0
             while made.agents:
                 if len(frames) >= max_frames:
                     truncated_gif = True
                     break
+                if steps >= cap:
+                    cut += 1
+                    break
+                steps += 1
                 actions = {}
                 for agent in made.agents:
                     action = model.compute_actions(np.asarray(obs[agent]), policy_id=model.policy_mapping_fn(agent),
@@ -270,6 +289,8 @@ def _play_multi_agent(model: Algorithm, spec: Any, num_episodes: int, seed: int 
             returns.append(total)
     finally:
         made.close()
+    if cut:
+        say_cut(spec, cap, False, cut, num_episodes, what="record")
     return frames, returns, truncated_gif
 
 

@@ -85,6 +85,10 @@ SETTINGS: dict[str, str] = {
     "cpu_affinity": "under DDP on CPU, pin each local rank to its own share of the CPUs during ``fit`` (Linux).",
     "evaluation_interval": "epochs between greedy evaluations (Lightning validation, ``val/*``); ``None``: none.",
     "evaluation_num_episodes": "greedy episodes per evaluation (validation and test), one per env.",
+    "evaluation_max_episode_steps": (
+        "steps after which an evaluation, test or ``record`` episode is cut (its return so far counted, with a "
+        "warning naming the env) when the env sets no time limit of its own."
+    ),
     "check_finite": "raise on a NaN or infinite reward or observation, naming the field, the env and its step.",
     "compile": "run each update step as compiled graphs (same results up to rounding; else eager, with a warning).",
     "lr": "Adam's learning rate.",

@@ -34,7 +34,7 @@ from lightning_rl.data.base import EnvDataModule, new_generator, rank_seed
 from lightning_rl.data.envs import EnvSpec, env_spec
 from lightning_rl.data.multi_agent import is_multi_agent_env
 from lightning_rl.distributed import bypass_ddp_gradient_sync
-from lightning_rl.evaluation import EvaluationHooks
+from lightning_rl.evaluation import DEFAULT_MAX_EPISODE_STEPS, EpisodeEnds, EvaluationHooks
 from lightning_rl.functional import piecewise_linear
 from lightning_rl.inference import ActionAPI
 from lightning_rl.learner_info import LearnerInfoBuilder
@@ -87,6 +87,7 @@ class Algorithm(ActionAPI, EvaluationHooks, pl.LightningModule, metaclass=Algori
         cpu_affinity: bool = True,
         evaluation_interval: int | None = None,
         evaluation_num_episodes: int = 10,
+        evaluation_max_episode_steps: int = DEFAULT_MAX_EPISODE_STEPS,
         check_finite: bool = True,
         compile: bool = False,
         lr: float = 3e-4,
@@ -108,7 +109,7 @@ class Algorithm(ActionAPI, EvaluationHooks, pl.LightningModule, metaclass=Algori
         if total_env_steps is not None and total_env_steps < 1:
             raise ValueError(f"total_env_steps must be >= 1 or None, got {total_env_steps}")
         check_positive(evaluation_interval=evaluation_interval, evaluation_num_episodes=evaluation_num_episodes,
-                       lr=lr, grad_clip=grad_clip)
+                       evaluation_max_episode_steps=evaluation_max_episode_steps, lr=lr, grad_clip=grad_clip)
         check_gamma(gamma)
         self.env_spec, self.total_env_steps, self.seed = env, total_env_steps, seed
         self.num_envs, self.iterations_per_epoch = num_envs, iterations_per_epoch
@@ -117,6 +118,8 @@ class Algorithm(ActionAPI, EvaluationHooks, pl.LightningModule, metaclass=Algori
         self.lr_points = resolve_schedule("lr_schedule", lr_schedule, lr, total_env_steps, self.lr_schedule_unset)
         self.hiddens, self.activation, self.encoder = hiddens, activation, encoder
         self.evaluation_interval, self.evaluation_num_episodes = evaluation_interval, evaluation_num_episodes
+        self.evaluation_max_episode_steps = int(evaluation_max_episode_steps)
+        self._episode_ends = EpisodeEnds()  # says once when no episode ends (evaluation.py)
         self.process_settings = ProcessSettings(num_cpu_threads, cpu_affinity)
         self.compile = bool(compile)
         self.multi_agent = is_multi_agent_env(env)
@@ -222,6 +225,7 @@ class Algorithm(ActionAPI, EvaluationHooks, pl.LightningModule, metaclass=Algori
         check_updates(self._update_steps.values(), learner_info, self)
         self.policies.version += 1
         count_iteration(self.counters, batch, trained, self.multi_agent)
+        self._episode_ends.observe(self, batch)
         self.global_counters = summed_over_ranks(self.counters, self.device)
         self.on_iteration_end(learner_info)
         if self.budget_spent():

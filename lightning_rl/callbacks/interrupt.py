@@ -47,6 +47,10 @@ class InterruptCheckpoint(OnExceptionCheckpoint):
       handling then applies: exit code 1). Lightning restores the handler when fit ends.
     - SIGTERM: Lightning's own handler stops fit after the iteration in progress (its
       ``SIGTERMException``, a ``SystemExit``); the checkpoint is saved and the exit code set to 143.
+      Evaluation (the sanity check, validation, ``trainer.validate`` and ``trainer.test``) is one
+      Lightning batch, between which alone Lightning looks: it looks itself after every env step
+      (``evaluation.log_evaluation``), so SIGTERM ends it within a step, with exit code 143 too
+      (and the checkpoint during ``fit``; ``validate`` and ``test`` have no training state to save).
 
     Args:
         dirpath: where to save; ``None`` (the default) = the run's checkpoint folder, as above.
@@ -107,6 +111,7 @@ class InterruptCheckpoint(OnExceptionCheckpoint):
         else:
             return
         if trainer.state.fn != TrainerFn.FITTING:
+            rank_zero_info(f"{what} during {trainer.state.fn.value}: no training state to save")
             return
         trainer.save_checkpoint(self.ckpt_path, weights_only=False)
         rank_zero_info(f"{what}: saved {self.ckpt_path}; resume with {self.resume_hint()}")

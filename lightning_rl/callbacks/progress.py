@@ -19,8 +19,12 @@ class EnvStepProgressBar(TQDMProgressBar):
     epoch is ``iterations_per_epoch`` iterations, which says little about an RL run's progress).
     Without ``total_env_steps`` it counts env steps without a total. The description names the
     epoch; the postfix holds what is logged with ``prog_bar=True`` (the episode return mean,
-    ``val/episode_return_mean``), less what the bar shows already. Validation keeps
-    Lightning's own bar.
+    ``val/episode_return_mean``), less what the bar shows already.
+
+    The bars of the sanity check, validation and test count the evaluation's episodes (``3/10
+    episodes``) out of the module's ``evaluation_num_episodes`` (per process under DDP): the
+    evaluation (``evaluation.log_evaluation``) reports each episode's end to
+    ``evaluation_episodes``; Lightning's own count, of batches, is one per evaluation.
 
     ``Algorithm.configure_callbacks`` puts it in place of a plain ``TQDMProgressBar`` or
     ``RichProgressBar`` (Lightning's default: the Rich one when ``rich`` is installed), with the
@@ -29,12 +33,14 @@ class EnvStepProgressBar(TQDMProgressBar):
     """
 
     BAR_FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt} env steps [{elapsed}<{remaining}, {rate_noinv_fmt}{postfix}]"
+    EPISODES_FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt} episodes [{elapsed}<{remaining}{postfix}]"
     COUNT_FORMAT = "{desc}{n_fmt} env steps [{elapsed}, {rate_noinv_fmt}{postfix}]"
 
     def __init__(self, refresh_rate: int = 1, process_position: int = 0, leave: bool = False) -> None:
         super().__init__(refresh_rate=refresh_rate, process_position=process_position, leave=leave)
         self._total: int | None = None
         self._start = 0
+        self._episode_bar: Tqdm | None = None  # the sanity check's, validation's or test's
 
     @classmethod
     def like(cls, bar: TQDMProgressBar | RichProgressBar) -> EnvStepProgressBar:
@@ -93,3 +99,88 @@ class EnvStepProgressBar(TQDMProgressBar):
         for name in HIDDEN_METRICS:
             items.pop(name, None)
         return items
+
+    # ------------------------------------------------------------ evaluation: episodes
+    def _evaluation_episodes(self) -> int | None:
+        try:
+            module = self.trainer.lightning_module
+        except TypeError:  # not attached to a Trainer yet
+            return None
+        episodes = getattr(module, "evaluation_num_episodes", None)
+        return int(episodes) if episodes else None
+
+    def _episodes_bar(self, desc: str, position: int, leave: bool) -> Tqdm:
+        """A bar of the evaluation's episodes, as Lightning makes its evaluation bars but for the count."""
+        bar = Tqdm(desc=desc, total=self._evaluation_episodes(), position=position, disable=self.is_disabled,
+                   leave=leave, dynamic_ncols=True, file=sys.stdout, bar_format=self.EPISODES_FORMAT)
+        self._episode_bar = bar
+        return bar
+
+    def init_sanity_tqdm(self) -> Tqdm:
+        if self._evaluation_episodes() is None:
+            return super().init_sanity_tqdm()
+        return self._episodes_bar(self.sanity_check_description, 2 * self.process_position, leave=False)
+
+    def init_validation_tqdm(self) -> Tqdm:
+        if self._evaluation_episodes() is None:
+            return super().init_validation_tqdm()
+        has_main_bar = self.trainer.state.fn != "validate"  # (as Lightning's: no training bar in validate)
+        return self._episodes_bar(self.validation_description, 2 * self.process_position + has_main_bar,
+                                  leave=not has_main_bar)
+
+    def init_test_tqdm(self) -> Tqdm:
+        if self._evaluation_episodes() is None:
+            return super().init_test_tqdm()
+        return self._episodes_bar(self.test_description, 2 * self.process_position, leave=True)
+
+    def evaluation_episodes(self, finished: int) -> None:
+        """The evaluation in progress finished ``finished`` of its episodes."""
+        bar = self._episode_bar
+        if bar is not None and not bar.disable and bar.n != finished:
+            bar.n = finished
+            bar.refresh()
+
+    def _start_episodes(self, bar: Tqdm | None, description: str, dataloader_idx: int) -> bool:
+        """Whether ``bar`` counts episodes: then it starts at 0 of the evaluation's episodes (not
+        Lightning's one batch)."""
+        total = self._evaluation_episodes()
+        if bar is None or bar is not self._episode_bar or total is None:
+            return False
+        if self.has_dataloader_changed(dataloader_idx):
+            bar.reset(total=total)
+            bar.set_description(f"{description} DataLoader {dataloader_idx}")
+        return True
+
+    def _end_episodes(self, bar: Tqdm | None) -> bool:
+        """Whether ``bar`` counts episodes: then the evaluation is over and all are finished."""
+        if bar is None or bar is not self._episode_bar or bar.total is None:
+            return False
+        self.evaluation_episodes(int(bar.total))
+        return True
+
+    def on_validation_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
+                                  batch_idx: int, dataloader_idx: int = 0) -> None:
+        desc = self.sanity_check_description if trainer.sanity_checking else self.validation_description
+        if not self._start_episodes(self._active_bar(testing=False), desc, dataloader_idx):
+            super().on_validation_batch_start(trainer, pl_module, batch, batch_idx, dataloader_idx)
+
+    def on_validation_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                                batch_idx: int, dataloader_idx: int = 0) -> None:
+        if not self._end_episodes(self._active_bar(testing=False)):
+            super().on_validation_batch_end(trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)
+
+    def on_test_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
+                            batch_idx: int, dataloader_idx: int = 0) -> None:
+        if not self._start_episodes(self._active_bar(testing=True), self.test_description, dataloader_idx):
+            super().on_test_batch_start(trainer, pl_module, batch, batch_idx, dataloader_idx)
+
+    def on_test_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                          batch_idx: int, dataloader_idx: int = 0) -> None:
+        if not self._end_episodes(self._active_bar(testing=True)):
+            super().on_test_batch_end(trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)
+
+    def _active_bar(self, testing: bool) -> Tqdm | None:
+        try:
+            return self.test_progress_bar if testing else self.val_progress_bar
+        except TypeError:  # Lightning's property when it made none
+            return None
