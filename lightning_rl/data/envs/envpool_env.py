@@ -24,9 +24,15 @@ nor truncated; so steps pass through. What the adapter adds, so both backends me
 
 Where the backends still differ, by envpool's design: FIRE at a reset (``fire_reset``) is one
 frame in envpool, which ALE's sticky actions replace by the previous action one time in four
-(``repeat_action_probability=0.25``): the game then waits for the agent's own FIRE, so a greedy
-policy that never presses it plays on until the time limit; the gymnasium path presses FIRE for
-one agent step (``frame_skip`` frames, each sticky on its own); after a lost
+(``repeat_action_probability=0.25``): the game then waits for the agent's own FIRE, which a
+policy that samples its actions soon presses; the gymnasium path presses FIRE for one agent
+step (``frame_skip`` frames, each sticky on its own). Greedy evaluation (``evaluation.evaluate``)
+plays that step on envpool too: the vector env names the game's FIRE action in its metadata
+(``fire_after_reset``; read from the game's ROM with ale-py, the gymnasium path's dependency:
+without ale-py none is named) and evaluation starts every episode and life with a no-op step
+then a FIRE step (a FIRE held on from envpool's own FIRE frame is no new press), so that a greedy
+policy that never fires (Breakout's ball waits) does not play on to the time limit with a score
+of 0. After a lost
 life (``episodic_life``) envpool plays its random no-op frames again before the game goes on,
 the gymnasium path one no-op step; envpool cannot take ``noop_max=0`` and plays it as
 ``noop_max=1`` (one no-op frame, none before FIRE), which is no random start either. With
@@ -38,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -148,6 +155,11 @@ class EnvPoolVectorEnv(gym.vector.VectorEnv):
         self.observation_space = batch_space(self.single_observation_space, num_envs)
         self.action_space = batch_space(self.single_action_space, num_envs)
         self.metadata = {"autoreset_mode": AutoresetMode.NEXT_STEP, "game_scores": atari}
+        fire = fire_action(spec) if atari else None
+        if fire is not None:  # pressed by evaluation after each reset (module docstring)
+            self.metadata["fire_after_reset"] = fire
+        #: agent steps after which envpool truncates an episode (an Atari game), as ``TimeLimit`` does
+        self.max_episode_steps: int | None = int(getattr(spec.config, "max_episode_steps", 0) or 0) or None
         if self._layout == "chw":  # a grayscale frame stack, as the gymnasium path declares it (replay_frame_stack)
             self.metadata["frame_stack"] = pool_space.shape[0]
         self.pool: Any = None  # envpool's, built at the first reset and at each seeded one
@@ -246,6 +258,32 @@ def _spec(task: str, **options: Any) -> Any:
 @functools.lru_cache(maxsize=64)
 def _cached_spec(task: str, options: tuple) -> Any:
     return import_envpool().make_spec(task, **dict(options))
+
+
+def fire_action(spec: Any) -> int | None:
+    """The index of FIRE in the action set of the Atari game of envpool ``spec``, when envpool
+    presses FIRE at its resets (``use_fire_reset``: the game has FIRE); read from the game's ROM
+    with ale-py (``None`` without ale-py, or without FIRE)."""
+    config = spec.config
+    if not getattr(config, "use_fire_reset", False):
+        return None
+    return _rom_fire_action(os.path.join(config.base_path, "atari", "roms", f"{config.task}.bin"),
+                            bool(config.full_action_space))
+
+
+@functools.lru_cache(maxsize=64)
+def _rom_fire_action(rom: str, full_action_space: bool) -> int | None:
+    try:
+        import ale_py
+    except ImportError:
+        return None
+    if not os.path.isfile(rom):
+        return None
+    ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)
+    ale = ale_py.ALEInterface()
+    ale.loadROM(rom)
+    actions = list(ale.getLegalActionSet() if full_action_space else ale.getMinimalActionSet())
+    return actions.index(ale_py.Action.FIRE) if ale_py.Action.FIRE in actions else None
 
 
 def make_envpool(env_id: str, kwargs: dict[str, Any] | None, num_envs: int) -> EnvPoolVectorEnv:
