@@ -51,10 +51,12 @@ class GradientTask(FragmentTask):
         """``(flat gradient, loss terms)`` of one ``[T, N]`` fragment: the bootstrap value read in
         eval mode, as the fragment's values were sampled, the loss in train mode (Dropout on,
         BatchNorm on the batch's statistics), as every learner computes its gradients; the
-        policy's modes are given back after."""
+        policy's modes and buffers are given back after (only gradients travel to the learner,
+        so the copy keeps acting with the running statistics the learner broadcast)."""
         rollout = {k: v.clone() for k, v in rollout.items()}  # ordinary tensors (a worker samples in inference mode)
         with torch.no_grad(), eval_mode(policy):
             batch = gae_batch(rollout, policy.value(bootstrap_obs.clone()), valid.clone(), self.gamma, self.lambda_)
+        buffers = [(b, b.clone()) for b in policy.buffers()]
         with train_mode(policy):
             dist, values = policy(batch[SampleBatch.OBS])
         loss, stats = a2c_loss(dist.log_prob(batch[SampleBatch.ACTIONS]), values, dist.entropy(),
@@ -62,6 +64,9 @@ class GradientTask(FragmentTask):
                                self.entropy_coeff)
         params = list(policy.parameters())
         grads = torch.autograd.grad(loss, params, allow_unused=True)
+        with torch.no_grad():
+            for buffer, broadcast in buffers:
+                buffer.copy_(broadcast)
         flat = torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1) for p, g in zip(params, grads)])
         return flat, {k: float(v) for k, v in stats.items()}
 
