@@ -63,6 +63,7 @@ RESUMABLE_SETTINGS = (
     "iterations_per_epoch",
     "evaluation_interval",
     "evaluation_num_episodes",
+    "evaluation_max_episode_steps",
     "num_cpu_threads",
     "cpu_affinity",
     "compile",

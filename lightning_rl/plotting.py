@@ -341,7 +341,7 @@ def collect_curves(
 # ----------------------------------------------------------------------------- experiments and resumed runs
 # Settings that do not change what is learned: runs differing only in them are one experiment.
 NOT_CONFIG = frozenset({"seed", "num_cpu_threads", "cpu_affinity", "compile", "evaluation_interval",
-                        "evaluation_num_episodes"})
+                        "evaluation_num_episodes", "evaluation_max_episode_steps"})
 # What a resumed run may set anew (the budget), besides those: it continues its run all the same.
 RESUMABLE = NOT_CONFIG - {"seed"} | {"total_env_steps"}
 

@@ -216,6 +216,7 @@ def test_resume_honours_a_new_budget_and_a_finished_run_trains_nothing(ppo_ckpt,
 
 
 CHANGED = {"total_env_steps": 4096, "iterations_per_epoch": 3, "evaluation_interval": 2, "evaluation_num_episodes": 4,
+           "evaluation_max_episode_steps": 500,
            "num_cpu_threads": 2, "cpu_affinity": False, "compile": True, "check_finite": False,
            "sampler_timeout_s": 30.0, "restart_failed_workers": True, "sampler_backend": "ray",
            "ray_address": "10.0.0.1:6379", "num_cpus_per_worker": 2.0, "custom_resources_per_worker": {"cpu_node": 1.0}}
@@ -251,6 +252,18 @@ def test_every_resumable_setting_is_taken_from_the_command_line(ppo_ckpt, tmp_pa
     from lightning_rl.cli import RESUMABLE_SETTINGS
 
     assert tested == set(CHANGED) == set(RESUMABLE_SETTINGS)
+
+
+def test_the_cli_guide_lists_every_setting_a_resume_may_change():
+    """docs/guides/cli.md's "Resuming" names exactly ``RESUMABLE_SETTINGS``, in their order."""
+    import re
+    from pathlib import Path
+
+    from lightning_rl.cli import RESUMABLE_SETTINGS
+
+    guide = (Path(__file__).parents[1] / "docs" / "guides" / "cli.md").read_text()
+    sentence = guide.split("command line may change only", 1)[1].split(". A different value", 1)[0]
+    assert tuple(re.findall(r"`(\w+)`", sentence)) == RESUMABLE_SETTINGS
 
 
 KEEPS = ", and a run continued from a checkpoint keeps its settings except {settings}"

@@ -97,3 +97,18 @@ def test_site_builds_strictly(tmp_path):
                 assert f"<code>{setting}</code>" in reference, (name, setting)
     api = (site / "reference" / "algorithms" / "index.html").read_text(encoding="utf-8")
     assert api.count("normalize_observations") >= 2  # PPO's inherited settings are in its signature
+
+
+def test_the_readme_and_quickstart_name_every_extra_setup_cfg_has():
+    """The README's install line and the quickstart's list of extras are setup.cfg's extras."""
+    import configparser
+    import re
+
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    extras = set(cfg["options.extras_require"])
+    readme = (ROOT / "README.md").read_text()
+    assert set(re.search(r"# extras: (.*)", readme).group(1).split(", ")) == extras
+    quickstart = (ROOT / "docs" / "guides" / "quickstart.md").read_text()
+    listed = quickstart.split("The extras: ", 1)[1].split("\n\n", 1)[0]
+    assert {name for name in re.findall(r"`(\w+)`", listed) if name in extras} == extras
