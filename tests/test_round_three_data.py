@@ -317,3 +317,59 @@ def test_after_a_lost_life_gymnasium_pads_the_first_stack_and_envpool_runs_its_s
         finally:
             envs.close()
     assert padded == {"sync": True, "envpool": False}
+
+
+def _fire_reset(game):
+    from lightning_rl.data.envs.atari import FireReset, GameScore, LifeLossEnds
+
+    return FireReset(LifeLossEnds(GameScore(game)))
+
+
+def test_fire_reset_keeps_the_score_of_a_game_that_ended_in_the_reset_it_wraps():
+    """FireReset around LifeLossEnds (make_atari's order): a game that ends on the no-op after
+    a lost life is reported in the reset's info, which FireReset gives on (it returned the FIRE
+    step's info instead, and the game was never counted)."""
+    from lightning_rl.data.envs import make_vector_env
+
+    env = _fire_reset(_ends_on_the_noop().env.env)
+    env.reset(seed=0)  # FIRE is step 1
+    assert [env.step(0)[2] for _ in range(3)] == [False, False, True]  # steps 2-4: a life lost at 4
+    _, info = env.reset()  # the no-op (step 5) ends the game: a real reset, then FIRE
+    assert (info["game_score"], info["game_length"]) == (25.0, 5)
+    venv = make_vector_env(lambda: _fire_reset(_ends_on_the_noop().env.env), 1, "sync")
+    venv.reset(seed=0)
+    for _ in range(8):  # two games: three steps after FIRE, then the autoreset step whose no-op ends the game
+        venv.step(np.zeros(1, np.int64))
+    assert list(venv.return_queue) == [25.0, 25.0] and list(venv.length_queue) == [5, 5]
+    venv.close()
+
+
+def test_fire_reset_keeps_the_score_of_a_game_that_ended_on_the_fire():
+    """A game whose last life is lost on the FIRE after a reset is reset again; its score
+    comes with that reset's info."""
+    from tests.test_atari import ScriptedGame
+
+    class LastLifeOnFire(ScriptedGame):
+        """One life, lost at step 3 of the first game and at step 1 (the FIRE) of the second."""
+
+        def __init__(self):
+            super().__init__()
+            self.ends = iter([3, 1, 100])
+
+        def reset(self, **kwargs):
+            obs, info = super().reset(**kwargs)
+            self.lives, self.end = 1, next(self.ends)
+            return obs, info
+
+        def step(self, action):
+            self.t += 1
+            self.lives -= self.t == self.end
+            return np.full(2, self.t, np.uint8), 5.0, self.lives == 0, False, {}
+
+    env = _fire_reset(LastLifeOnFire())
+    env.reset(seed=0)  # FIRE is step 1
+    assert env.step(0)[2] is False
+    _, _, terminated, _, info = env.step(0)  # step 3: the game ends on a step of the agent's
+    assert terminated and (info["game_score"], info["game_length"]) == (15.0, 3)
+    _, info = env.reset()  # the second game ends on its FIRE: reset again
+    assert env.unwrapped.resets == 3 and (info["game_score"], info["game_length"]) == (5.0, 1)

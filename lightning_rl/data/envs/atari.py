@@ -131,7 +131,7 @@ class LifeLossEnds(gym.Wrapper):
             if not (terminated or truncated):
                 self._lives = self.env.unwrapped.ale.lives()
                 return obs, info
-            ended = {k: info[k] for k in ("game_score", "game_length") if k in info}
+            ended = game_end(info)
         obs, info = self.env.reset(**kwargs)
         if ended:
             info = {**info, **ended}
@@ -149,12 +149,21 @@ class LifeLossEnds(gym.Wrapper):
         return obs, reward, terminated, truncated, info
 
 
+def game_end(info: dict[str, Any]) -> dict[str, Any]:
+    """The ``game_score`` and ``game_length`` ``GameScore`` put in ``info``, if a game ended."""
+    return {k: info[k] for k in ("game_score", "game_length") if k in info}
+
+
 class FireReset(gym.Wrapper):
-    """Press FIRE (action 1) after each reset; a reset again if that ended the episode."""
+    """Press FIRE (action 1) after each reset; a reset again if that ended the episode. A game
+    that ended in the reset (``LifeLossEnds``' no-op) or on the FIRE keeps its ``game_score``
+    and ``game_length`` in the ``info`` returned, so the statistics still count it."""
 
     def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
-        self.env.reset(**kwargs)
+        _, info = self.env.reset(**kwargs)
+        ended = game_end(info)
         obs, _, terminated, truncated, info = self.env.step(1)
         if terminated or truncated:
-            return self.env.reset(**kwargs)
-        return obs, info
+            ended = game_end(info) or ended
+            obs, info = self.env.reset(**kwargs)
+        return obs, {**ended, **info}  # a game that ended last wins (a reset reports one)
