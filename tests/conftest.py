@@ -8,6 +8,7 @@ import random
 import shutil
 import signal
 import socket
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -200,3 +201,19 @@ def _ray_writes_under_the_suite():
 def _deterministic_torch():
     torch.set_num_threads(1)
     yield
+
+
+def run_main(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """``lightning_rl.cli.main(args)`` as the command line runs it: (exit code, stdout, stderr)."""
+    from lightning_rl.cli import main
+
+    argv = sys.argv
+    sys.argv = ["lightning-rl"]  # as on the command line (Lightning warns of args next to other argv)
+    try:
+        code = main(args)
+    except SystemExit as exit_info:
+        code = exit_info.code
+    finally:
+        sys.argv = argv
+    out = capsys.readouterr()
+    return code, out.out, out.err

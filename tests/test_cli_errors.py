@@ -23,11 +23,11 @@ from jsonargparse import ArgumentParser
 
 import lightning_rl
 from lightning_rl import PPO
-from lightning_rl.cli import RLCLI, main
+from lightning_rl.cli import RLCLI
 from lightning_rl.evaluation import evaluate
 from lightning_rl.recording import add_arguments
 from lightning_rl.recording import main as record_main
-from tests.conftest import quiet_trainer
+from tests.conftest import quiet_trainer, run_main
 
 ROOT = Path(__file__).resolve().parents[1]
 ALGORITHMS = ("PPO", "A2C", "DQN", "SAC", "IMPALA", "APPO", "APEX", "A3C")
@@ -46,20 +46,6 @@ def ppo_ckpt(tmp_path_factory) -> Path:
     assert model.global_counters["num_iterations"] == 2
     trainer.save_checkpoint(path)
     return path
-
-
-def run_main(args: list[str], capsys) -> tuple[int, str, str]:
-    """``main(args)``: (exit code, stdout, stderr)."""
-    argv = sys.argv
-    sys.argv = ["lightning-rl"]  # as on the command line (Lightning warns of args next to other argv)
-    try:
-        code = main(args)
-    except SystemExit as exit_info:
-        code = exit_info.code
-    finally:
-        sys.argv = argv
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def the_error(err: str, command: str = "fit") -> str:

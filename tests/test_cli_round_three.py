@@ -12,27 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import run_main
+
 ROOT = Path(__file__).resolve().parents[1]
 QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
 HEAVY = ("torch", "pytorch_lightning", "lightning_fabric", "gymnasium", "numpy")
 
 pytestmark = pytest.mark.timeout(300)
-
-
-def run_main(args: list[str], capsys) -> tuple[int, str, str]:
-    """``lightning_rl.cli.main(args)``: (exit code, stdout, stderr)."""
-    from lightning_rl.cli import main
-
-    argv = sys.argv
-    sys.argv = ["lightning-rl"]
-    try:
-        code = main(args)
-    except SystemExit as exit_info:
-        code = exit_info.code
-    finally:
-        sys.argv = argv
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def one_error_line(err: str, command: str | None = "fit") -> str:
