@@ -147,7 +147,9 @@ def test_impala_actors_spread_over_both_nodes_and_both_feed_the_learner(cluster)
 
     seen = Versions()
     callback = type("Seen", (pl.Callback,), {"on_train_batch_start": seen.on_train_batch_start})()
-    model = IMPALA(**SMALL, train_batch_size=40, total_env_steps=40 * 12,
+    # a short learner queue: 16 fragments (the default) sampled before the first broadcast, on a
+    # loaded machine, could be all the 24 a 12-iteration run trains on
+    model = IMPALA(**SMALL, train_batch_size=40, total_env_steps=40 * 12, learner_queue_size=2,
                    custom_resources_per_worker={"sampler_slot": 1})
     quiet_trainer(max_epochs=-1, callbacks=[callback]).fit(model)
     dm = model.default_datamodule
