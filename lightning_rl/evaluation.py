@@ -283,11 +283,17 @@ class EvaluationHooks:
     """An algorithm's Lightning validation and test (``Algorithm`` inherits them): greedy
     episodes on envs of their own, logged at the global env-step count."""
 
+    # whether fit validates: evaluation_interval, or the Trainer's own validation flags (set for
+    # each fit by TrainerWiring.callbacks, validation_cadence)
+    validates_in_fit = False
+
     def val_dataloader(self) -> Any:
         """One evaluation request per validation run: always for ``trainer.validate``, during
-        ``fit`` only when ``evaluation_interval`` is set."""
+        ``fit`` when ``evaluation_interval`` or the Trainer's ``check_val_every_n_epoch`` /
+        ``val_check_interval`` is set."""
         validating = self._trainer is not None and self.trainer.state.fn == TrainerFn.VALIDATING
-        return DataLoader(range(1), batch_size=None) if validating or self.evaluation_interval else []
+        runs = validating or self.evaluation_interval or self.validates_in_fit
+        return DataLoader(range(1), batch_size=None) if runs else []
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         """``evaluation_num_episodes`` greedy episodes on separate envs (per rank under DDP),

@@ -104,6 +104,11 @@ class EnvDataModule(pl.LightningDataModule):
         """The action-sampling generator (seeded ``seed + 1000 * rank`` at ``setup``)."""
         return self.sampler.generator
 
+    @property
+    def dev_run(self) -> bool:
+        """``Trainer(fast_dev_run=...)``: the replays learn from the first iteration (``learning_starts`` waived)."""
+        return self.trainer is not None and bool(self.trainer.fast_dev_run)
+
     def connect(self, module: Algorithm) -> None:
         """The one door through which the DataModule learns the policy it samples with."""
         self.module = module

@@ -94,8 +94,13 @@ class MultiAgentReplayDataModule(MultiAgentEnvDataModule):
         return window
 
     # ------------------------------------------------------------ stepping
+    @property
+    def starts(self) -> int:
+        """``learning_starts``, waived in a dev run (``fast_dev_run``)."""
+        return 0 if self.dev_run else self.learning_starts
+
     def acting_policies(self) -> dict[str, ExploringPolicy]:
-        if self.env_steps >= self.learning_starts:
+        if self.env_steps >= self.starts:
             return super().acting_policies()
         # uniform random actions (epsilon 1) while the buffer fills
         device = self.sampling_device
@@ -146,7 +151,7 @@ class MultiAgentReplayDataModule(MultiAgentEnvDataModule):
             self.buffers[policy_id].add({k: torch.cat([p[k] for p in parts]) for k in TransitionReplayBuffer.COLUMNS})
         info = {**self.episode_info(), "agent_steps_sampled": agent_steps, "sample_time_s": time.perf_counter() - start,
                 "buffer_size": sum(len(b) for b in self.buffers.values())}
-        ready = self.env_steps >= self.learning_starts
+        ready = self.env_steps >= self.starts
         return MultiAgentBatch({}, env_steps=env_steps, info=info, replay=self if ready else None)
 
     # ------------------------------------------------------------ the learner's side

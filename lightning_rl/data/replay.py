@@ -109,21 +109,28 @@ class ReplayDataModule(EnvDataModule):
         self.env_steps = 0
 
     @property
+    def starts(self) -> int:
+        """``learning_starts``, waived in a dev run (``fast_dev_run``)."""
+        return 0 if self.dev_run else self.learning_starts
+
+    @property
     def ready(self) -> bool:
         """Learning may start: identical on every rank (see the class docstring)."""
-        return self.env_steps >= self.learning_starts and self.buffer.num_added > self.n_step
+        return self.env_steps >= self.starts and self.buffer.num_added > self.n_step
 
     def sample(self, policy_id: str = DEFAULT_POLICY_ID) -> MultiAgentBatch:
         """Step the envs ``train_freq`` times into the buffer (random actions before
-        ``learning_starts``, else the module's exploring policy)."""
+        ``learning_starts``, else the module's exploring policy). A dev run (``fast_dev_run``) acts
+        with the policy from the start and steps on until the buffer can be sampled."""
         assert self.module is not None and self.envs is not None, "call setup() first"
         start = time.perf_counter()
-        agent_steps = 0
+        agent_steps = rows = 0
         policy = ExploringPolicy(self.module.sampling_policy(policy_id, self.sampling_device),
                                  self.module.exploration_kwargs(policy_id), self.sampling_device)
         with torch.inference_mode():
-            for _ in range(self.train_freq):
-                if self.env_steps < self.learning_starts:
+            while rows < self.train_freq or (self.dev_run and not self.ready):
+                rows += 1
+                if self.env_steps < self.starts:
                     actions = self.envs.action_space.sample()
                 else:
                     out = policy.act(torch.tensor(self.sampler.obs), self.generator, {})
@@ -136,7 +143,7 @@ class ReplayDataModule(EnvDataModule):
         info["sample_time_s"] = time.perf_counter() - start
         info["buffer_size"] = len(self.buffer)
         info["agent_steps_sampled"] = agent_steps
-        return MultiAgentBatch({}, env_steps=self.train_freq * self.num_envs, info=info,
+        return MultiAgentBatch({}, env_steps=rows * self.num_envs, info=info,
                                replay=self if self.ready else None)
 
     def sample_minibatch(self, policy_id: str, batch_size: int, beta: float | None = None) -> SampleBatch:
