@@ -174,6 +174,23 @@ def algorithm_class(checkpoint: dict[str, Any]) -> type[Algorithm] | None:
     return cls
 
 
+def loading_class(cls: type[Algorithm], path: str | PathLike[str]) -> type[Algorithm]:
+    """The class ``cls.load_from_checkpoint(path)`` builds, after reading ``path`` safely (a
+    ``CheckpointError`` naming it when it is missing, truncated, foreign or of another algorithm):
+    the class the file records where that is a ``cls`` (``Algorithm.load_from_checkpoint`` loads
+    any algorithm's file), else ``cls`` where both derive from the same lightning_rl algorithm
+    (``MyPPO`` loads a ``PPO`` file)."""
+    checkpoint = read_checkpoint(path)
+    written = algorithm_class(checkpoint)
+    if written is None or issubclass(written, cls):
+        return written or cls
+    if (base_algorithm_path(checkpoint) or class_path(written)) == class_path(builtin_algorithm(cls)):
+        return cls
+    name = written.__name__
+    raise CheckpointError(f"checkpoint {str(path)!r} holds a {name}, not a {cls.__name__}: load it with "
+                          f"{name}.load_from_checkpoint or Algorithm.load_from_checkpoint")
+
+
 def check_compatible(path: str | PathLike[str], module: torch.nn.Module, resuming: bool = True) -> dict[str, Any]:
     """Raise ``CheckpointError`` naming ``path`` unless it is a readable checkpoint of ``type(module)``.
 
@@ -341,8 +358,8 @@ def algorithm_state(module: Algorithm, interrupted: bool) -> dict[str, Any]:
 def restore_algorithm_state(module: Algorithm, state: dict[str, Any], rank: int, world_size: int,
                             fitting: bool) -> dict[str, Any] | None:
     """Undo ``algorithm_state``: this rank's counters and RNG (an even share of the global
-    counters under another world size). Returns the default DataModule's state, which waits
-    for the DataModule's setup."""
+    counters under another world size); torch's global RNG only when ``fitting`` (a resume).
+    Returns the default DataModule's state, which waits for the DataModule's setup."""
     module.global_counters.update(state.get("global_counters", {}))
     if fitting and rank == 0:
         say_retimed_schedules(module, state)
@@ -352,7 +369,8 @@ def restore_algorithm_state(module: Algorithm, state: dict[str, Any], rank: int,
         module.shuffle_generator.set_state(mine["shuffle_generator"])
         if mine.get("learner_generator_device") == module.learner_generator.device.type:  # same kind of device
             module.learner_generator.set_state(mine["learner_generator"])
-        torch.set_rng_state(mine["torch_rng"])
+        if fitting:  # a resumed fit continues the run; loading weights leaves the caller's random state alone
+            torch.set_rng_state(mine["torch_rng"])
     else:
         module.counters.update({k: v // world_size for k, v in module.global_counters.items()})
     module.load_extra_state(state)

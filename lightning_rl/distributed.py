@@ -78,12 +78,30 @@ def gather_to_rank_zero(obj: Any) -> list[Any] | None:
 
 
 def check_strategy(trainer: pl.Trainer) -> None:
-    """Several processes must come from Lightning's DDP strategy (``"ddp"``, ``"ddp_spawn"``, ...)."""
+    """Several processes must come from Lightning's DDP strategy, ``strategy="ddp"``."""
     if trainer.world_size > 1 and not isinstance(trainer.model, DistributedDataParallel):
         raise ValueError(
-            f"lightning_rl trains on several processes with strategy='ddp' (or 'ddp_spawn'), got "
+            f"lightning_rl trains on several processes with strategy='ddp' only (see docs/guides/ddp.md), got "
             f"{type(trainer.strategy).__name__}"
         )
+
+
+def multiprocessing_refused(start_method: str) -> str:
+    """The one line refusing ranks that Lightning starts with ``multiprocessing`` (``strategy="ddp_spawn"``,
+    ``"ddp_fork"``): a fit's state (counters, ``global_step``, envs, replay) would stay in those processes."""
+    return (f"strategy='ddp_{start_method}' is not supported (the counters, global_step, envs and replay of a fit "
+            "would stay in its child processes): use strategy='ddp' (processes started by Lightning's launcher), "
+            "see docs/guides/ddp.md")
+
+
+def check_launcher(trainer: pl.Trainer) -> None:
+    """Refuse a rank forked by Lightning (``strategy="ddp_fork"``, ``"ddp_notebook"``), as the module is
+    attached: the first point lightning_rl runs in it. ``"ddp_spawn"`` is refused earlier, in the main
+    process, when the module is pickled for the spawned ranks (``Algorithm.__getstate__``)."""
+    launcher = trainer.strategy.launcher
+    # of Lightning's launchers, only the one that forks the ranks is interactive-compatible
+    if launcher is not None and launcher.is_interactive_compatible:
+        raise ValueError(multiprocessing_refused("fork"))
 
 
 def bypass_ddp_gradient_sync(trainer: pl.Trainer) -> None:

@@ -130,6 +130,23 @@ class ActionAPI:
         """Save the greedy policy as TorchScript (see ``inference.export_policy``)."""
         return export_policy(self, path, policy_id)
 
+    def predict_step(self, batch: Any, batch_idx: int = 0, dataloader_idx: int = 0) -> Any:
+        """``trainer.predict(model, dataloaders=...)``: the greedy actions of each batch of
+        observations (a tensor ``[N, *obs_shape]``, a one-tensor tuple such as a
+        ``TensorDataset``'s, or a Dict space's structure), a tensor of ``N`` actions."""
+        if isinstance(batch, list | tuple) and len(batch) == 1:
+            batch = batch[0]
+        if self.policies.is_recurrent(DEFAULT_POLICY_ID):
+            raise ValueError(f"trainer.predict acts on each batch alone, and {type(self).__name__}'s recurrent policy "
+                             "needs its state from step to step: use model.predict(obs, state, episode_start, "
+                             "deterministic=True)")
+        return self.compute_actions(batch, explore=False)
+
+    def predict_dataloader(self) -> Any:
+        raise ValueError("trainer.predict(model) needs observations: trainer.predict(model, dataloaders="
+                         "DataLoader(observations, batch_size=...)) returns each batch's greedy actions; or use "
+                         "model.predict(obs, deterministic=True)")
+
 
 class _GreedyPolicy(nn.Module):
     """``obs -> greedy actions`` of a policy, as one traceable forward."""

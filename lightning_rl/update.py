@@ -86,6 +86,10 @@ class UpdateStep:
         grad_clip: max global gradient norm, or ``None``.
         compile: run compiled; falls back to eager with one warning naming the cause.
         name: for messages.
+        counts_step: whether the step counts in Lightning's optimizer steps (``trainer.global_step``,
+            what ``max_steps`` and ``ModelCheckpoint(every_n_train_steps)`` read). An update that
+            steps several optimizers on one minibatch (SAC's temperature, critics and actor)
+            counts one of them, so that ``global_step`` counts updates.
     """
 
     def __init__(
@@ -97,11 +101,12 @@ class UpdateStep:
         grad_clip: float | None,
         compile: bool,
         name: str = "update",
+        counts_step: bool = True,
     ) -> None:
         self.owner, self.optimizer, self.loss_fn = owner, optimizer, loss_fn
         self.names = [n for n, p in params.items() if p.requires_grad]
         self.params = [params[n] for n in self.names]
-        self.grad_clip, self.name = grad_clip, name
+        self.grad_clip, self.name, self.counts_step = grad_clip, name, counts_step
         self.compiled = bool(compile)
         self._built = False
         self._ran = False
@@ -149,7 +154,8 @@ class UpdateStep:
             # torch's norm clipping of the stepped parameters, as Lightning's ``clip_gradients`` does
             # for 32-bit and bf16 training (where Lightning refuses it for fused optimizers)
             torch.nn.utils.clip_grad_norm_(self._grads.params, self.grad_clip)
-        self.optimizer.step()
+        # the wrapped torch optimizer steps without Lightning's count (nor its on_before_optimizer_step)
+        (self.optimizer if self.counts_step else getattr(self.optimizer, "optimizer", self.optimizer)).step()
 
     # ------------------------------------------------------------------ compiled path
     def _build(self) -> None:
@@ -229,14 +235,16 @@ class UpdateStep:
         scalars = self._tensor_scalars(scalars)
         params = [p.detach() for p in self.params]
         steps, states = self._state_lists()
-        self.optimizer._on_before_step()  # Lightning's optimizer-step bookkeeping (global_step)
+        if self.counts_step:
+            self.optimizer._on_before_step()  # Lightning's optimizer-step bookkeeping (global_step)
         if self.distributed:
             flat, aux = self._grads_fn(params, batch, scalars)
             torch.distributed.all_reduce(flat)
             self._apply_fn(params, steps, states, flat, aux["__loss__"], self.lr, self.ok)
         else:
             aux = self._step_fn(params, steps, states, batch, scalars, self.lr, self.ok)
-        self.optimizer._on_after_step()
+        if self.counts_step:
+            self.optimizer._on_after_step()
         self._ran = True
         aux = dict(aux)
         aux.pop("__loss__", None)

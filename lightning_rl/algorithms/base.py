@@ -9,6 +9,7 @@ state in ``checkpoint.py``, process settings in ``process.py``.
 
 from __future__ import annotations
 
+import multiprocessing.context
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -17,6 +18,7 @@ import gymnasium as gym
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.trainer.states import TrainerFn, TrainerStatus
+from pytorch_lightning.utilities import rank_zero_warn
 from torch import nn
 
 from lightning_rl.batch import MultiAgentBatch
@@ -30,10 +32,10 @@ from lightning_rl.checkpoint import (
     restore_algorithm_state,
 )
 from lightning_rl.counters import count_iteration, new_counters, summed_over_ranks
-from lightning_rl.data.base import EnvDataModule, new_generator, rank_seed
+from lightning_rl.data.base import EnvDataModule, lightning_seed, new_generator, rank_seed
 from lightning_rl.data.envs import EnvSpec, env_spec
 from lightning_rl.data.multi_agent import is_multi_agent_env
-from lightning_rl.distributed import bypass_ddp_gradient_sync
+from lightning_rl.distributed import bypass_ddp_gradient_sync, multiprocessing_refused
 from lightning_rl.evaluation import DEFAULT_MAX_EPISODE_STEPS, EpisodeEnds, EvaluationHooks
 from lightning_rl.functional import piecewise_linear
 from lightning_rl.inference import ActionAPI
@@ -112,6 +114,10 @@ class Algorithm(ActionAPI, EvaluationHooks, pl.LightningModule, metaclass=Algori
                        evaluation_max_episode_steps=evaluation_max_episode_steps, lr=lr, grad_clip=grad_clip)
         check_gamma(gamma)
         self.env_spec, self.total_env_steps, self.seed = env, total_env_steps, seed
+        # seed=None takes Lightning's seed at setup (take_seed); weights built now are reproducible
+        # only if seed_everything already seeded torch's RNG (or they are restored from a checkpoint)
+        self._seed_given = seed is not None
+        self._weights_seeded = seed is not None or lightning_seed() is not None
         self.num_envs, self.iterations_per_epoch = num_envs, iterations_per_epoch
         self.vectorization, self.check_finite = vectorization, check_finite
         self.lr, self.gamma, self.grad_clip = lr, gamma, grad_clip
@@ -155,6 +161,14 @@ class Algorithm(ActionAPI, EvaluationHooks, pl.LightningModule, metaclass=Algori
 
     def __dir__(self) -> list[str]:  # an instance lists every attribute, Lightning's too (completion)
         return sorted(set(super().__dir__()) | set(type.__dir__(type(self))))
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickled for a process that multiprocessing is starting (strategy="ddp_spawn" pickles the
+        # module into each rank): refused there, in the main process, before any rank starts.
+        spawning = multiprocessing.context.get_spawning_popen()
+        if spawning is not None:
+            raise ValueError(multiprocessing_refused(getattr(spawning, "method", "spawn")))
+        return super().__getstate__()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -286,7 +300,23 @@ class Algorithm(ActionAPI, EvaluationHooks, pl.LightningModule, metaclass=Algori
     def configure_callbacks(self) -> list[pl.Callback]:
         return TrainerWiring.callbacks(self, self._trainer)
 
+    def take_seed(self, seed: int | None) -> None:
+        """Seed a module made with ``seed=None`` (at ``setup``, with the seed of ``pl.seed_everything``;
+        resuming, with the run's): its generators, its default DataModule, evaluation, and the
+        ``seed`` its checkpoints and logged hyperparameters record. ``None`` changes nothing."""
+        if seed is None or self._seed_given:
+            return
+        self.seed = seed
+        for hparams in (self.hparams, getattr(self, "_hparams_initial", {})):
+            if "seed" in hparams:
+                hparams["seed"] = seed
+        self.shuffle_generator = new_generator(seed)
+        if self.default_datamodule is not None:
+            self.default_datamodule.seed = seed
+
     def setup(self, stage: str) -> None:
+        if self.seed is None:
+            self.take_seed(lightning_seed())
         # The update's own random numbers (SAC's reparameterized actions) come from a seeded
         # generator on the learner's device, per rank, saved in checkpoints: never from torch's
         # global RNG, which the seed does not reach.
@@ -295,6 +325,12 @@ class Algorithm(ActionAPI, EvaluationHooks, pl.LightningModule, metaclass=Algori
 
     def on_fit_start(self) -> None:
         self._update_steps = {}
+        if self.seed is not None and not self._weights_seeded:  # seed_everything came after the module was made
+            self._weights_seeded = True  # said once
+            name = type(self).__name__
+            rank_zero_warn(f"{name} was made before seed_everything({self.seed}), without seed=, so its initial "
+                           f"weights are unseeded (its envs and sampling follow seed {self.seed}): for a reproducible "
+                           f"run call seed_everything before making it, or pass {name}(seed={self.seed})")
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         interrupted = self._trainer is not None and self.trainer.state.status == TrainerStatus.INTERRUPTED
@@ -304,6 +340,9 @@ class Algorithm(ActionAPI, EvaluationHooks, pl.LightningModule, metaclass=Algori
         trainer = self._trainer
         rank, size = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
         fitting = trainer is not None and trainer.state.fn == TrainerFn.FITTING
+        if fitting:  # a module made with seed=None continues the run's seed; its weights are the run's
+            self.take_seed(checkpoint.get(self.CHECKPOINT_HYPER_PARAMS_KEY, {}).get("seed"))
+            self._weights_seeded = True
         self._pending_datamodule_state = restore_algorithm_state(self, checkpoint.get("lightning_rl", {}), rank,
                                                                  size, fitting)
 

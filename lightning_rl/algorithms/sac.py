@@ -28,6 +28,9 @@ class SAC(OffPolicyModule):
 
     then target critics move toward the critics by Polyak averaging with ``tau``. Each
     optimizer steps (and, under DDP, averages over ranks) only its own parameters' gradients.
+    An update is one of Lightning's optimizer steps (``trainer.global_step``, which ``max_steps``
+    counts): the actor's; the temperature's and the critics' are not counted (nor seen by
+    ``on_before_optimizer_step`` hooks).
     Image observations (``encoder`` unset): the actor and each critic read them through a CNN
     of their own (``nn/cnn.py``), the replay keeps them in their dtype.
 
@@ -128,7 +131,7 @@ class SAC(OffPolicyModule):
             ("actor", dict(self.policies[policy_id].named_parameters()), actor_opt, self.actor_loss),
         ):
             step = self.update_step(f"{name}/{policy_id}", params, optimizer,
-                                    policy_loss(loss, policy_id), self.grad_clip)
+                                    policy_loss(loss, policy_id), self.grad_clip, counts_step=name == "actor")
             results.update(step(batch))
         return {"td_error": results.pop("td_error"), "learner_stats": results}
 

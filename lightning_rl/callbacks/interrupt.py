@@ -18,7 +18,7 @@ from pytorch_lightning.trainer.states import TrainerFn
 from pytorch_lightning.utilities import rank_zero_info
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
-from lightning_rl.callbacks.final_checkpoint import model_checkpoint
+from lightning_rl.callbacks.final_checkpoint import INTERRUPTED_FILENAME, model_checkpoint
 
 SIGINT_EXIT_CODE = 128 + signal.SIGINT  # 130
 SIGTERM_EXIT_CODE = 128 + signal.SIGTERM  # 143
@@ -60,7 +60,7 @@ class InterruptCheckpoint(OnExceptionCheckpoint):
             ``trainer.fit(model, ckpt_path=...)``.
     """
 
-    def __init__(self, dirpath: str | None = None, filename: str = "interrupted",
+    def __init__(self, dirpath: str | None = None, filename: str = INTERRUPTED_FILENAME,
                  resume_command: Sequence[str] | None = None) -> None:
         super().__init__(dirpath if dirpath is not None else "checkpoints", filename)
         self._dirpath_given = dirpath is not None

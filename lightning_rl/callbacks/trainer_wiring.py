@@ -20,7 +20,7 @@ from lightning_rl.callbacks.learner_info import LearnerInfoCallback, LogCadence
 from lightning_rl.callbacks.progress import EnvStepProgressBar
 from lightning_rl.checkpoint import CheckedCheckpointIO
 from lightning_rl.data.base import EnvDataModule
-from lightning_rl.distributed import check_strategy
+from lightning_rl.distributed import check_launcher, check_strategy
 
 if TYPE_CHECKING:
     from lightning_rl.algorithms.base import Algorithm
@@ -73,7 +73,8 @@ class TrainerWiring(pl.Callback):
         epoch limit, where Lightning would set 1000 with a warning to set ``max_epochs`` (an
         explicit ``max_epochs``, ``max_steps`` or ``max_time`` stands). ``fast_dev_run=N`` runs N
         iterations: Lightning's cap of N optimizer steps (``global_step``) is lifted, an iteration
-        taking several."""
+        taking several. A rank forked by Lightning (``strategy="ddp_fork"``) is refused here."""
+        check_launcher(trainer)
         if trainer.fast_dev_run:
             trainer.fit_loop.epoch_loop.max_steps = -1  # limit_train_batches=N, max_epochs=1 stay
         elif module.total_env_steps and trainer.fit_loop.max_epochs is None and trainer.max_steps == -1:

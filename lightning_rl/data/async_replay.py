@@ -205,6 +205,7 @@ class ApexDataModule(AsyncSamplingDataModule):
 
     def setup(self, stage: str) -> None:
         if self.buffer is None:
+            self.take_lightning_seed()
             module = self.module if self.module is not None else self.trainer.lightning_module
             rank = self.trainer.global_rank if self.trainer is not None else 0
             space, seed = module.observation_space, rank_seed(self.seed, rank)

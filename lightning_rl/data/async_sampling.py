@@ -328,6 +328,7 @@ class AsyncSamplingDataModule(EnvDataModule):
         if self._active:
             return
         self._active = True
+        self.take_lightning_seed()
         self.rank = self.trainer.global_rank if self.trainer is not None else 0
         self._local = self._sampler(self._worker_seed(0))
         self._local.trainer = self.trainer  # its rank, and its checkpoint state gathered over ranks

@@ -3,6 +3,7 @@ the dataset of iterations); the envs themselves are the sampling engine's (``sam
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -18,10 +19,17 @@ from lightning_rl.checkpoint import pack_rank_states, unpack_rank_state
 from lightning_rl.data.envs import EnvSpec, resolve_vectorization
 from lightning_rl.data.samplers.engine import EnvSampler, eval_mode, new_generator, policy_state, rank_seed
 
-__all__ = ["EnvDataModule", "eval_mode", "new_generator", "policy_state", "rank_seed"]
+__all__ = ["EnvDataModule", "eval_mode", "lightning_seed", "new_generator", "policy_state", "rank_seed"]
 
 if TYPE_CHECKING:
     from lightning_rl.algorithms.base import Algorithm
+
+def lightning_seed() -> int | None:
+    """The seed ``pl.seed_everything`` set in this process (``PL_GLOBAL_SEED``, inherited by DDP
+    ranks), or ``None``: what ``seed=None`` of a module or DataModule takes when a fit sets it up."""
+    value = os.environ.get("PL_GLOBAL_SEED")
+    return int(value) if value else None
+
 
 class _Iterations(IterableDataset):
     """``iterations_per_epoch`` batches per epoch; env state carries across epochs."""
@@ -56,7 +64,7 @@ class EnvDataModule(pl.LightningDataModule):
             else ``"sync"``), ``"sync"``, ``"async"`` (one process per env),
             ``"vector_entry_point"`` or ``"envpool"`` (data/envs/envpool_env.py).
         seed: env, action-sampling and replay seed (``seed + 1000 * rank`` under DDP);
-            ``None`` for random.
+            ``None``: the seed of ``pl.seed_everything`` where one was set at ``setup``, else random.
         iterations_per_epoch: training iterations in one Lightning epoch, the cadence of
             epoch-based callbacks (checkpointing, validation).
         sampling_device: device the policy runs on while sampling (and where the action
@@ -113,6 +121,11 @@ class EnvDataModule(pl.LightningDataModule):
         """The one door through which the DataModule learns the policy it samples with."""
         self.module = module
 
+    def take_lightning_seed(self) -> None:
+        """``seed=None`` becomes the seed of ``pl.seed_everything`` (if one was set): called first by ``setup``."""
+        if self.seed is None:
+            self.seed = lightning_seed()
+
     def setup(self, stage: str) -> None:
         if self.module is None and self.trainer is not None:
             self.connect(self.trainer.lightning_module)
@@ -120,6 +133,7 @@ class EnvDataModule(pl.LightningDataModule):
             raise RuntimeError(f"{type(self).__name__} needs a module: call connect(module) or use it with a Trainer")
         if self.envs is not None:
             return
+        self.take_lightning_seed()
         self.rank = self.trainer.global_rank if self.trainer is not None else 0
         if self.trainer is not None and self.trainer.world_size > 1:
             self.sampler.where = f" on rank {self.rank}"
