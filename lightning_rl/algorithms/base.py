@@ -10,6 +10,7 @@ state in ``checkpoint.py``, process settings in ``process.py``.
 from __future__ import annotations
 
 import multiprocessing.context
+import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -27,6 +28,7 @@ from lightning_rl.checkpoint import (
     algorithm_state,
     check_not_placeholder,
     class_path,
+    loading_class,
     multi_agent_algorithms,
     register_algorithm,
     restore_algorithm_state,
@@ -176,6 +178,21 @@ class Algorithm(ActionAPI, EvaluationHooks, pl.LightningModule, metaclass=Algori
         declare_settings(cls, Algorithm)  # its signature: the inherited settings and its own
         document_settings(cls)  # its Args: its own descriptions, and the shared ones of settings.py
 
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path: Any, map_location: Any = None, hparams_file: Any = None,
+                             strict: bool | None = None, weights_only: bool | None = None, **kwargs: Any) -> Any:
+        """Lightning's ``load_from_checkpoint`` (``kwargs`` override saved settings), the file first
+        read safely (``checkpoint.loading_class``): a missing, truncated or foreign file, or another
+        algorithm's, is a ``CheckpointError`` naming it and what it holds, and
+        ``Algorithm.load_from_checkpoint(path)`` builds the algorithm the file records. torch's
+        global random state is left as it was (a resumed fit restores the run's)."""
+        target = cls
+        if isinstance(checkpoint_path, str | os.PathLike):
+            target = loading_class(cls, checkpoint_path)
+            weights_only = True if weights_only is None else weights_only  # the file was just read so
+        return super(Algorithm, target).load_from_checkpoint(checkpoint_path, map_location, hparams_file, strict,
+                                                             weights_only, **kwargs)
+
     def save_hyperparameters(self, *args: Any, ignore: Sequence[str] | str | None = None, frame: Any = None,
                              logger: bool = True) -> None:
         """Lightning's ``save_hyperparameters`` of the settings this module was made with
@@ -261,11 +278,13 @@ class Algorithm(ActionAPI, EvaluationHooks, pl.LightningModule, metaclass=Algori
         """Per-iteration updates after learning, with the global counters of this iteration."""
 
     def update_step(self, name: str, params: dict[str, nn.Parameter], optimizer: Any, loss_fn: LossFn,
-                    grad_clip: float | None) -> UpdateStep:
+                    grad_clip: float | None, counts_step: bool = True) -> UpdateStep:
         """The ``UpdateStep`` called ``name`` (built on first use in each fit; one per optimizer):
-        eager, or compiled with ``compile=True``."""
+        eager, or compiled with ``compile=True``. ``counts_step=False``: its optimizer steps are not
+        Lightning's ``global_step`` (the other optimizers of an update that counts one)."""
         if name not in self._update_steps:
-            self._update_steps[name] = UpdateStep(self, params, optimizer, loss_fn, grad_clip, self.compile, name)
+            self._update_steps[name] = UpdateStep(self, params, optimizer, loss_fn, grad_clip, self.compile, name,
+                                                  counts_step)
         return self._update_steps[name]
 
     def policy_optimizer(self, policy_id: str) -> Any:

@@ -13,7 +13,7 @@ from pytorch_lightning.trainer.states import TrainerFn
 from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 
 from lightning_rl.callbacks.episodes import RolloutMetricsCallback
-from lightning_rl.callbacks.final_checkpoint import FinalCheckpoint
+from lightning_rl.callbacks.final_checkpoint import FinalCheckpoint, PreviousRuns, StepCadence
 from lightning_rl.callbacks.interrupt import InterruptCheckpoint
 from lightning_rl.callbacks.known_warnings import KnownWarnings
 from lightning_rl.callbacks.learner_info import LearnerInfoCallback, LogCadence
@@ -73,8 +73,12 @@ class TrainerWiring(pl.Callback):
         epoch limit, where Lightning would set 1000 with a warning to set ``max_epochs`` (an
         explicit ``max_epochs``, ``max_steps`` or ``max_time`` stands). ``fast_dev_run=N`` runs N
         iterations: Lightning's cap of N optimizer steps (``global_step``) is lifted, an iteration
-        taking several. A rank forked by Lightning (``strategy="ddp_fork"``) is refused here."""
+        taking several. A rank forked by Lightning (``strategy="ddp_fork"``) is refused here.
+        ``fit(ckpt_path="last")`` is offered the files of the run's earlier Trainers (``PreviousRuns``)."""
         check_launcher(trainer)
+        PreviousRuns.withdraw(trainer)
+        if trainer.state.fn == TrainerFn.FITTING:
+            PreviousRuns.offer(trainer)
         if trainer.fast_dev_run:
             trainer.fit_loop.epoch_loop.max_steps = -1  # limit_train_batches=N, max_epochs=1 stay
         elif module.total_env_steps and trainer.fit_loop.max_epochs is None and trainer.max_steps == -1:
@@ -89,10 +93,12 @@ class TrainerWiring(pl.Callback):
         runs as ``validation_cadence`` says, Lightning's default progress bar becomes
         ``EnvStepProgressBar`` (the run's env steps, not the epoch's batches). No private
         Lightning attribute is read."""
+        if trainer is not None:
+            PreviousRuns.withdraw(trainer)  # fit's ckpt_path is resolved
         present = {type(cb) for cb in trainer.callbacks} if trainer is not None else set()
         added: list[pl.Callback] = [
             cb() for cb in (LearnerInfoCallback, RolloutMetricsCallback, LogCadence, TrainerWiring, FinalCheckpoint,
-                            KnownWarnings) if cb not in present
+                            StepCadence, KnownWarnings) if cb not in present
         ]
         if trainer is None:
             return added
