@@ -189,7 +189,7 @@ class Algorithm(ActionAPI, EvaluationHooks, pl.LightningModule, metaclass=Algori
         target = cls
         if isinstance(checkpoint_path, str | os.PathLike):
             target = loading_class(cls, checkpoint_path)
-            weights_only = True if weights_only is None else weights_only  # the file was just read so
+            weights_only = True if weights_only is None else weights_only  # as loading_class read it
         return super(Algorithm, target).load_from_checkpoint(checkpoint_path, map_location, hparams_file, strict,
                                                              weights_only, **kwargs)
 

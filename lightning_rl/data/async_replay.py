@@ -276,7 +276,7 @@ class ApexDataModule(AsyncSamplingDataModule):
                 perf[f"worker_{i}_episode_return"] = float(np.mean(returns))
         self._last_sample, self._replayed = now, 0
         batch.info["buffer_size"] = len(self.buffer)
-        ready = self.env_steps >= (0 if self.dev_run else self.learning_starts) and len(self.buffer) > 0
+        ready = self.env_steps >= self.starts and len(self.buffer) > 0
         return MultiAgentBatch({}, env_steps=batch.env_steps, info=batch.info, replay=self if ready else None)
 
     def sample_minibatch(self, policy_id: str, batch_size: int, beta: float | None = None) -> SampleBatch:

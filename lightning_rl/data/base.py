@@ -24,6 +24,7 @@ __all__ = ["EnvDataModule", "eval_mode", "lightning_seed", "new_generator", "pol
 if TYPE_CHECKING:
     from lightning_rl.algorithms.base import Algorithm
 
+
 def lightning_seed() -> int | None:
     """The seed ``pl.seed_everything`` set in this process (``PL_GLOBAL_SEED``, inherited by DDP
     ranks), or ``None``: what ``seed=None`` of a module or DataModule takes when a fit sets it up."""
@@ -112,10 +113,18 @@ class EnvDataModule(pl.LightningDataModule):
         """The action-sampling generator (seeded ``seed + 1000 * rank`` at ``setup``)."""
         return self.sampler.generator
 
+    # env steps sampled before a replay learns (the replay DataModules' setting; none elsewhere)
+    learning_starts: int = 0
+
     @property
     def dev_run(self) -> bool:
         """``Trainer(fast_dev_run=...)``: the replays learn from the first iteration (``learning_starts`` waived)."""
         return self.trainer is not None and bool(self.trainer.fast_dev_run)
+
+    @property
+    def starts(self) -> int:
+        """``learning_starts``, waived in a dev run (``fast_dev_run``)."""
+        return 0 if self.dev_run else self.learning_starts
 
     def connect(self, module: Algorithm) -> None:
         """The one door through which the DataModule learns the policy it samples with."""

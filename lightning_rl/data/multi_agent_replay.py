@@ -94,11 +94,6 @@ class MultiAgentReplayDataModule(MultiAgentEnvDataModule):
         return window
 
     # ------------------------------------------------------------ stepping
-    @property
-    def starts(self) -> int:
-        """``learning_starts``, waived in a dev run (``fast_dev_run``)."""
-        return 0 if self.dev_run else self.learning_starts
-
     def acting_policies(self) -> dict[str, ExploringPolicy]:
         if self.env_steps >= self.starts:
             return super().acting_policies()

@@ -109,11 +109,6 @@ class ReplayDataModule(EnvDataModule):
         self.env_steps = 0
 
     @property
-    def starts(self) -> int:
-        """``learning_starts``, waived in a dev run (``fast_dev_run``)."""
-        return 0 if self.dev_run else self.learning_starts
-
-    @property
     def ready(self) -> bool:
         """Learning may start: identical on every rank (see the class docstring)."""
         return self.env_steps >= self.starts and self.buffer.num_added > self.n_step
