@@ -8,7 +8,10 @@ fullgraph function: the loss as a pure function of (parameters, minibatch) diffe
 the real ``torch.optim`` state tensors in place (so Lightning still checkpoints, restores and
 monitors the optimizers, and a run may resume with ``compile`` switched). Learning rates and
 schedule values are 0-dim tensors filled before each call, so a schedule never recompiles,
-and nothing in the step reads a value back to the host.
+and nothing in the step reads a value back to the host. On CUDA the graph is functional: it
+returns the new parameters and optimizer state, which one ``_foreach_copy_`` swaps in after it,
+so that inductor's ``reduce-overhead`` mode replays it as CUDA graphs (a graph that mutates its
+inputs is not captured); the step counts live on the GPU there for the same reason.
 
 A non-finite loss cannot raise inside a compiled graph without a host sync per step, so the
 compiled step keeps an ``ok`` flag on the device: from the first non-finite loss on, the step
@@ -114,6 +117,11 @@ class UpdateStep:
         self._scalars: dict[str, Tensor] = {}
         self._grads: FlatGradients | None = None  # the eager step's, laid out on first use
 
+    # The compiled graph returns the new parameters and optimizer state instead of writing them
+    # (None: on CUDA). CUDA graphs replay only graphs that mutate none of their inputs; on the CPU
+    # the in-place graph saves the copies.
+    functional: bool | None = None
+
     # ------------------------------------------------------------------ entry point
     def __call__(self, batch: Mapping[str, Any], scalars: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """One update on ``batch``; returns the loss's ``aux`` results (tensors on the device)."""
@@ -177,10 +185,16 @@ class UpdateStep:
         else:
             raise _Unsupported(f"{type(opt).__name__} (only Adam and RMSprop have a compiled step)")
         device = self.params[0].device
+        if self.functional is None:
+            self.functional = device.type == "cuda"
         for p in self.params:  # the state torch.optim would create on its first step
             state = opt.state[p]
             if "step" not in state:
-                state["step"] = torch.tensor(0.0, dtype=torch.float32, device=device if group.get("fused") else None)
+                state["step"] = torch.tensor(0.0, dtype=torch.float32,
+                                             device=device if group.get("fused") or device.type == "cuda" else None)
+            elif device.type == "cuda" and state["step"].device != device:
+                # a CPU tensor would keep the graph off CUDA graphs; torch.optim reads it on any device
+                state["step"] = state["step"].to(device)
             for key in self.state_keys:
                 if key not in state:
                     state[key] = torch.zeros_like(p, memory_format=torch.preserve_format)
@@ -240,9 +254,14 @@ class UpdateStep:
         if self.distributed:
             flat, aux = self._grads_fn(params, batch, scalars)
             torch.distributed.all_reduce(flat)
-            self._apply_fn(params, steps, states, flat, aux["__loss__"], self.lr, self.ok)
+            new = self._apply_fn(params, steps, states, flat, aux["__loss__"], self.lr, self.ok)
         else:
-            aux = self._step_fn(params, steps, states, batch, scalars, self.lr, self.ok)
+            aux, new = self._step_fn(params, steps, states, batch, scalars, self.lr, self.ok)
+        if new is not None:
+            # functional: the graph's outputs are swapped in here, outside it, and the results
+            # cloned out of CUDA graphs' memory pool, which the next replay overwrites
+            torch._foreach_copy_(_targets(params, steps, states, self.ok), new)
+            aux = torch.utils._pytree.tree_map(lambda t: t.clone() if isinstance(t, Tensor) else t, aux)
         if self.counts_step:
             self.optimizer._on_after_step()
         self._ran = True
@@ -262,25 +281,35 @@ class UpdateStep:
         grads, _, aux = self._loss_and_grads(params, batch, scalars)
         return torch.cat([g.reshape(-1) for g in grads]), aux
 
-    def _apply(self, params, steps, states, flat, loss, lr, ok) -> None:
+    def _apply(self, params, steps, states, flat, loss, lr, ok):
         flat = flat / self.world
         grads = [g.view_as(p) for g, p in zip(flat.split([p.numel() for p in params]), params)]
-        self._optimizer_math(params, steps, states, grads, loss, lr, ok)
+        return self._optimizer_math(params, steps, states, grads, loss, lr, ok)
 
     def _fused_step(self, params, steps, states, batch, scalars, lr, ok):
         grads, loss, aux = self._loss_and_grads(params, batch, scalars)
-        self._optimizer_math(params, steps, states, grads, loss, lr, ok)
-        return aux
+        return aux, self._optimizer_math(params, steps, states, grads, loss, lr, ok)
 
-    def _optimizer_math(self, params, steps, states, grads, loss, lr, ok) -> None:
-        """Clip, then Adam or RMSprop exactly as ``torch.optim`` computes them, in place; nothing
-        changes once ``ok`` is False (a non-finite loss in this fit)."""
+    def _optimizer_math(self, params, steps, states, grads, loss, lr, ok) -> list[Tensor] | None:
+        """Clip, then Adam or RMSprop exactly as ``torch.optim`` computes them; nothing changes
+        once ``ok`` is False (a non-finite loss in this fit). In place, returning None; or, with
+        ``functional``, the new values of ``self._targets``' tensors, inputs untouched."""
+        new = self._new_values(params, steps, states, grads, loss, lr, ok)
+        if self.functional:
+            return new
+        for target, value in zip(_targets(params, steps, states, ok), new):
+            target.copy_(value)
+        return None
+
+    def _new_values(self, params, steps, states, grads, loss, lr, ok) -> list[Tensor]:
+        """The values after one step, in ``_targets``' order (a pure function of its inputs)."""
         good = ok & torch.isfinite(loss)
         if self.grad_clip is not None:
             # torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when above it.
             norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
             coef = (self.grad_clip / (norm + 1e-6)).clamp(max=1.0)
             grads = [g * coef for g in grads]
+        new_params, new_steps, new_states = [], [], []
         for p, g, step, state in zip(params, grads, steps, states):
             new_step = step + 1
             if self.kind == "adam":
@@ -291,17 +320,22 @@ class UpdateStep:
                 bias1 = 1 - torch.pow(beta1, new_step)
                 bias2_sqrt = torch.sqrt(1 - torch.pow(beta2, new_step))
                 new_p = p - (lr / bias1) * new_avg / (new_avg_sq.sqrt() / bias2_sqrt + eps)
-                exp_avg.copy_(torch.where(good, new_avg, exp_avg))
-                exp_avg_sq.copy_(torch.where(good, new_avg_sq, exp_avg_sq))
+                new_state = [new_avg, new_avg_sq]
             else:
                 alpha, eps = self.hyper
                 (square_avg,) = state
                 new_sq = square_avg * alpha + (1 - alpha) * g * g
                 new_p = p - lr * g / (new_sq.sqrt() + eps)
-                square_avg.copy_(torch.where(good, new_sq, square_avg))
-            p.copy_(torch.where(good, new_p, p))
-            step.copy_(torch.where(good, new_step, step))
-        ok.copy_(good)
+                new_state = [new_sq]
+            new_params.append(torch.where(good, new_p, p))
+            new_steps.append(torch.where(good, new_step, step))
+            new_states += [torch.where(good, n, old) for n, old in zip(new_state, state)]
+        return new_params + new_steps + new_states + [good]
+
+
+def _targets(params: list[Tensor], steps: list[Tensor], states: list[list[Tensor]], ok: Tensor) -> list[Tensor]:
+    """The tensors one step writes, in the order ``UpdateStep._new_values`` returns them."""
+    return [*params, *steps, *(t for state in states for t in state), ok]
 
 
 def _flat_terms(aux: Mapping[str, Any], loss: Tensor) -> dict[str, Tensor]:

@@ -208,10 +208,14 @@ def main(out: Path, mode: str) -> None:
             trainer_kwargs["max_epochs"] = 2  # 2 epochs of 8 (ppo) or 16 (dqn, apex) iterations: 4096 global env steps
         elif phase == "second":
             ckpt_path = out / "half.ckpt"
-    else:  # "check", and "compile": the same run with compiled update steps
+    else:  # "check", and "compile": the same run with compiled update steps ("compile-functional":
+        # with the graphs CUDA uses, which return the new state instead of writing it)
+        if mode == "compile-functional":
+            from lightning_rl.update import UpdateStep
+            UpdateStep.functional = True
         model = PPO(env="CartPole-v1", num_envs=4, rollout_fragment_length=16, sgd_minibatch_size=32,
                     num_sgd_iter=3, total_env_steps=4 * 2 * 64, kl_coeff=0.2, kl_target=1e-4,
-                    compile=mode == "compile", **common)
+                    compile=mode.startswith("compile"), **common)
     recorder = Recorder()
     trainer = pl.Trainer(
         strategy="ddp", devices=2, accelerator="cpu", logger=CSVLogger(out, name="csv"), log_every_n_steps=1,

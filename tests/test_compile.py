@@ -129,3 +129,54 @@ def test_without_a_cxx_compiler_compile_falls_back_to_eager_with_one_warning(tmp
     proc = subprocess.run([sys.executable, "-c", FALLBACK], env=env, cwd=root, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0 and "FALLBACK OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def _mutated_inputs(graphs) -> list[str]:
+    """In-place ops (``copy_``, ``add_``, ...) applied to an input of dynamo's graphs."""
+    found = []
+    for gm in graphs:
+        for node in gm.graph.nodes:
+            name = getattr(node.target, "__name__", str(node.target))
+            if getattr(node.target, "__module__", None) == "_operator":  # and_ is &; iand is &=
+                in_place = name.startswith("i") and not name.startswith("is")
+            else:
+                in_place = name.endswith("_") and not name.endswith("__")
+            if (node.op in ("call_method", "call_function") and in_place
+                    and node.args and getattr(node.args[0], "op", None) == "placeholder"):
+                found.append(f"{name}({node.args[0].name})")
+    return found
+
+
+@pytest.mark.parametrize("name", ["ppo", "a2c", "sac"])
+def test_the_functional_step_for_cuda_graphs_mutates_no_input_and_steps_as_the_in_place_one(name, monkeypatch):
+    """On CUDA the compiled step is functional (CUDA graphs skip graphs that mutate inputs, the
+    'skipping cudagraphs due to mutated inputs' of issue 36): forced on the CPU here, its graphs
+    write none of their inputs, and the fit ends where the in-place one does (Adam: PPO, SAC;
+    RMSprop: A2C)."""
+    from lightning_rl import update
+
+    graphs: list = []
+    real_compile = torch.compile
+
+    def recording(fn, **kwargs):
+        def backend(gm, example_inputs):
+            graphs.append(gm)
+            return gm.forward
+        return real_compile(fn, backend=backend, fullgraph=kwargs.get("fullgraph", False))
+
+    cls, kwargs = CONFIGS[name]
+    monkeypatch.setattr(update.torch, "compile", recording)
+    in_place = cls(seed=0, compile=True, **kwargs)
+    in_place_trainer = fit(in_place)
+    assert _mutated_inputs(graphs), "the check sees the in-place graph's writes"
+    graphs.clear()
+    monkeypatch.setattr(update.UpdateStep, "functional", True)
+    functional = cls(seed=0, compile=True, **kwargs)
+    trainer = fit(functional)
+    assert graphs and all(step.compiled and step.functional for step in functional._update_steps.values())
+    assert _mutated_inputs(graphs) == []
+    assert functional.counters == in_place.counters
+    for a, b in zip(in_place.parameters(), functional.parameters(), strict=True):
+        torch.testing.assert_close(b, a, rtol=0, atol=0)
+    for a, b in zip(optimizer_state(in_place_trainer), optimizer_state(trainer), strict=True):
+        torch.testing.assert_close(b, a, rtol=0, atol=0)

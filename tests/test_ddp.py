@@ -44,10 +44,12 @@ def test_parameters_identical_on_both_ranks(check_run):
     assert r0["params"] == r1["params"]
 
 
-def test_compiled_updates_under_ddp_match_the_eager_run(check_run, tmp_path):
+@pytest.mark.parametrize("mode", ["compile", "compile-functional"])
+def test_compiled_updates_under_ddp_match_the_eager_run(check_run, tmp_path, mode):
     """compile=True under DDP: one flat all-reduce between the gradient and the apply graphs;
-    both ranks take identical steps, equal to the eager DDP run up to float rounding."""
-    r0, r1, _ = run_ddp(tmp_path, "compile", timeout=600)
+    both ranks take identical steps, equal to the eager DDP run up to float rounding; also with
+    the functional graphs a CUDA learner uses (forced here on the CPU)."""
+    r0, r1, _ = run_ddp(tmp_path, mode, timeout=600)
     assert r0["params"] == r1["params"]
     assert r0["counters"]["num_grad_updates"] == check_run[0]["counters"]["num_grad_updates"] > 0
     eager = torch.tensor(check_run[0]["params"])
