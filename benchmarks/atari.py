@@ -29,11 +29,15 @@ a compiled update's compilation included; SB3: its first update) to the end: wha
 sees. The last line is one JSON object.
 
     python benchmarks/atari.py --algos ppo,dqn --seeds 2 --ppo-steps 8192 --dqn-steps 6000
+
+``--device cuda`` puts both learners on the GPU (``benchmarks/gpu_run.sh`` runs it so);
+``--sb3-vec subproc`` gives SB3 its ``SubprocVecEnv``, the counterpart of ours' ``async``.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import time
@@ -47,9 +51,11 @@ import torch
 GAME = "ALE/Breakout-v5"
 
 
-def quiet_trainer(precision: str = "32-true", callbacks: list[pl.Callback] | None = None) -> pl.Trainer:
+def quiet_trainer(precision: str = "32-true", callbacks: list[pl.Callback] | None = None,
+                  device: str = "cpu") -> pl.Trainer:
     return pl.Trainer(max_epochs=-1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                      enable_model_summary=False, precision=precision, callbacks=callbacks)
+                      enable_model_summary=False, precision=precision, callbacks=callbacks,
+                      accelerator="gpu" if device == "cuda" else "cpu", devices=1)
 
 
 class Steady(pl.Callback):
@@ -65,7 +71,7 @@ class Steady(pl.Callback):
 
 
 def ours(algo: str, seed: int, steps: int, game: str, vectorization: str,
-         precision: str = "32-true", compile: bool = False) -> tuple[float, float, float, int]:
+         precision: str = "32-true", compile: bool = False, device: str = "cpu") -> tuple[float, float, float, int]:
     """Env steps per second of ``fit``, the share of its time spent sampling, the steady env steps
     per second (after the first iteration) and the graphs torch.compile made."""
     import torch._dynamo
@@ -93,7 +99,7 @@ def ours(algo: str, seed: int, steps: int, game: str, vectorization: str,
 
     model.postprocess = timed
     steady = Steady()
-    trainer = quiet_trainer(precision, [steady])
+    trainer = quiet_trainer(precision, [steady], device)
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     start = time.perf_counter()
@@ -131,7 +137,16 @@ def env_only(backend: str, game: str, steps: int, seed: int = 0) -> float:
     return rate
 
 
-def sb3(algo: str, seed: int, steps: int, game: str) -> tuple[float, float]:
+def ale_env(game: str, **kwargs: Any) -> Any:
+    """``gym.make(game)`` with the ALE ids registered (also in a SubprocVecEnv's fresh process)."""
+    import ale_py
+    import gymnasium as gym
+
+    gym.register_envs(ale_py)
+    return gym.make(game, **kwargs)
+
+
+def sb3(algo: str, seed: int, steps: int, game: str, device: str = "cpu", vec: str = "dummy") -> tuple[float, float]:
     """Env steps per second of ``learn``, and the steady rate (from the second rollout on, after the first update)."""
     from stable_baselines3 import DQN, PPO
     from stable_baselines3.common.callbacks import BaseCallback
@@ -151,18 +166,20 @@ def sb3(algo: str, seed: int, steps: int, game: str) -> tuple[float, float]:
     import ale_py
     import gymnasium as gym
     from stable_baselines3.common.env_util import make_atari_env
-    from stable_baselines3.common.vec_env import VecFrameStack
+    from stable_baselines3.common.vec_env import SubprocVecEnv, VecFrameStack
 
     gym.register_envs(ale_py)  # the ALE ids (ours registers them too, but perhaps not yet in this process)
     n_envs = 8 if algo == "ppo" else 1
-    env = VecFrameStack(make_atari_env(game, n_envs=n_envs, seed=seed, env_kwargs={"frameskip": 1}), 4)
+    env = VecFrameStack(make_atari_env(functools.partial(ale_env, game), n_envs=n_envs, seed=seed,
+                                       env_kwargs={"frameskip": 1},
+                                       vec_env_cls=SubprocVecEnv if vec == "subproc" else None), 4)
     if algo == "ppo":
         model = PPO("CnnPolicy", env, n_steps=128, n_epochs=4, batch_size=256, learning_rate=2.5e-4, clip_range=0.1,
-                    ent_coef=0.01, vf_coef=0.5, max_grad_norm=0.5, seed=seed, device="cpu")
+                    ent_coef=0.01, vf_coef=0.5, max_grad_norm=0.5, seed=seed, device=device)
     else:
         model = DQN("CnnPolicy", env, learning_rate=1e-4, batch_size=32, train_freq=4, gradient_steps=1,
                     target_update_interval=1000, learning_starts=1000, buffer_size=10_000,
-                    exploration_fraction=0.1, exploration_final_eps=0.01, seed=seed, device="cpu",
+                    exploration_fraction=0.1, exploration_final_eps=0.01, seed=seed, device=device,
                     optimize_memory_usage=False)
     steady = SteadySB3()
     start = time.perf_counter()
@@ -181,7 +198,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dqn-steps", type=int, default=6000)
     parser.add_argument("--game", default=GAME)
     parser.add_argument("--vectorizations", default="sync,envpool",
-                        help="comma-separated vector backends of ours: sync and/or envpool")
+                        help="comma-separated vector backends of ours: sync, async and/or envpool")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                        help="the learner's device, ours (Trainer accelerator) and SB3's alike")
+    parser.add_argument("--sb3-vec", default="dummy", choices=["dummy", "subproc"],
+                        help="SB3's vector env: DummyVecEnv (one process) or SubprocVecEnv")
     parser.add_argument("--precisions", default="32-true",
                         help="comma-separated Trainer precisions of ours: 32-true and/or bf16-mixed")
     parser.add_argument("--compile", default="false",
@@ -190,8 +211,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="steps of the 8 envs alone per backend before the fits (0: skip)")
     args = parser.parse_args(argv)
     backends = [v.strip() for v in args.vectorizations.split(",") if v.strip()]
-    if not backends or set(backends) - {"sync", "envpool"}:
-        parser.error(f"--vectorizations takes sync and/or envpool, got {args.vectorizations!r}")
+    if not backends or set(backends) - {"sync", "async", "envpool"}:
+        parser.error(f"--vectorizations takes sync, async and/or envpool, got {args.vectorizations!r}")
     precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
     if not precisions or set(precisions) - {"32-true", "bf16-mixed"}:
         parser.error(f"--precisions takes 32-true and/or bf16-mixed, got {args.precisions!r}")
@@ -204,7 +225,8 @@ def main(argv: list[str] | None = None) -> None:
     warnings.filterwarnings("ignore")
     load_start = os.getloadavg()
     print(f"torch {torch.__version__}, threads 1, cpus {os.cpu_count()}, load average at start {load_start}")
-    out: dict[str, Any] = {"game": args.game, "load_avg_start": load_start, "env_only_steps_per_s": {},
+    out: dict[str, Any] = {"game": args.game, "device": args.device, "sb3_vec": args.sb3_vec,
+                           "load_avg_start": load_start, "env_only_steps_per_s": {},
                            "algos": {}}
     if args.env_only_steps:
         for backend in (*backends, "sb3"):
@@ -220,13 +242,14 @@ def main(argv: list[str] | None = None) -> None:
         graphs: dict[str, int] = {}
         for seed in range(args.seeds):
             for backend, precision, compiled, name in runs:
-                rate, share, rest, graphs[name] = ours(algo, seed, steps, args.game, backend, precision, compiled)
+                rate, share, rest, graphs[name] = ours(algo, seed, steps, args.game, backend, precision, compiled,
+                                                       args.device)
                 rates[name].append(rate)
                 steady[name].append(rest)
                 sampling[name].append(share)
                 print(f"[{algo} {name} seed {seed}] {steps} env steps: {rate:,.0f} steps/s ({rest:,.0f} after the "
                       f"first iteration), {100 * share:.0f}% of the time sampling", flush=True)
-            rate, rest = sb3(algo, seed, steps, args.game)
+            rate, rest = sb3(algo, seed, steps, args.game, args.device, args.sb3_vec)
             rates["sb3"].append(rate)
             steady["sb3"].append(rest)
             print(f"[{algo} sb3 seed {seed}] {steps} env steps: {rate:,.0f} steps/s ({rest:,.0f} after the first "

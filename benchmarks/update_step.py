@@ -16,7 +16,13 @@ compiled (and warmed up) before timing. Each cell is the median over ``--repeats
 ``--calls`` consecutive updates. Compile time (the first call, with inductor's on-disk cache as
 it is) is printed too. The last stdout line is one JSON object.
 
-    python benchmarks/update_step.py [--algos ppo,a2c,dqn,sac] [--calls 200] [--repeats 5]
+    python benchmarks/update_step.py [--algos ppo,a2c,dqn,sac,atari_ppo] [--calls 200] [--repeats 5]
+        [--device cuda]
+
+``atari_ppo`` is benchmarks/atari.py's PPO update (Nature CNN, 256 frame stacks; needs ale-py).
+``--device cuda`` runs the learner on the GPU, where the compiled step runs in inductor's
+``reduce-overhead`` mode; the ``cudagraph skips`` column counts the "skipping cudagraphs due to
+..." lines inductor logged for it (0: replayed as CUDA graphs).
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ import torch
 
 from lightning_rl import A2C, DQN, PPO, SAC
 from lightning_rl.batch import DEFAULT_POLICY_ID as PID
-from lightning_rl.batch import SampleBatch
+from lightning_rl.batch import SampleBatch, shuffled_rows
 from lightning_rl.update import policy_loss
 
 logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
@@ -47,14 +53,25 @@ SETTINGS = {
     "dqn": (DQN, dict(lr=2.3e-3, train_batch_size=64, double_q=False, dueling=False, n_step=1, hiddens=(256, 256),
                       learning_starts=0, train_freq=256, num_gradient_steps=128)),
     "sac": (SAC, dict(env="Pendulum-v1", train_batch_size=256, learning_starts=0)),
+    # benchmarks/atari.py's PPO: the Nature CNN shared by both heads, minibatches of 256 frame stacks
+    "atari_ppo": (PPO, dict(env="ALE/Breakout-v5", num_envs=8, rollout_fragment_length=128, num_sgd_iter=4,
+                            sgd_minibatch_size=256, lr=2.5e-4, clip_param=0.1, entropy_coeff=0.01, grad_clip=0.5,
+                            hiddens=(), vf_share_layers=True, encoder="nature_cnn")),
 }
+
+
+def observations(model: Any, rows: int, generator: torch.Generator) -> torch.Tensor:
+    space = model.observation_space
+    if space.dtype == "uint8":  # frames
+        return torch.randint(0, 256, (rows, *space.shape), dtype=torch.uint8, generator=generator)
+    return torch.randn(rows, *space.shape, generator=generator)
 
 
 def minibatch(model: Any, algo: str, generator: torch.Generator) -> SampleBatch:
     obs_dim = model.observation_space.shape[0]
-    if algo in ("ppo", "a2c"):
+    if algo in ("ppo", "a2c", "atari_ppo"):
         rows = model.train_batch_size // model.num_minibatches
-        obs = torch.randn(rows, obs_dim, generator=generator)
+        obs = observations(model, rows, generator)
         with torch.no_grad():
             out = model.policy.compute_actions(obs, generator=generator)
         batch = SampleBatch({SampleBatch.OBS: obs, SampleBatch.ACTIONS: out[SampleBatch.ACTIONS],
@@ -62,23 +79,24 @@ def minibatch(model: Any, algo: str, generator: torch.Generator) -> SampleBatch:
                              SampleBatch.VF_PREDS: out[SampleBatch.VF_PREDS],
                              SampleBatch.ADVANTAGES: torch.randn(rows, generator=generator),
                              SampleBatch.VALUE_TARGETS: torch.randn(rows, generator=generator)})
-        return model.padded_minibatch(batch, torch.arange(rows)) if model.compile else batch
+        # one minibatch as the learner cuts it (padded, with its mask, where compiled)
+        return next(shuffled_rows(batch, 1, rows, generator, model.device, pad=model.compile))
     rows = model.train_batch_size
     if algo == "dqn":
         actions = torch.randint(model.action_space.n, (rows,), generator=generator)
     else:
         actions = torch.rand(rows, model.action_space.shape[0], generator=generator) * 4 - 2
-    return SampleBatch({
+    return SampleBatch({k: v.to(model.device) for k, v in {
         SampleBatch.OBS: torch.randn(rows, obs_dim, generator=generator),
         SampleBatch.NEXT_OBS: torch.randn(rows, obs_dim, generator=generator),
         SampleBatch.ACTIONS: actions, SampleBatch.REWARDS: torch.randn(rows, generator=generator),
         SampleBatch.TERMINATEDS: torch.zeros(rows, dtype=torch.bool),
         SampleBatch.DISCOUNTS: torch.full((rows,), 0.99), SampleBatch.WEIGHTS: torch.ones(rows),
-    })
+    }.items()})
 
 
 def one_update(model: Any, algo: str, batch: SampleBatch) -> Callable[[], Any]:
-    if algo in ("ppo", "a2c"):
+    if algo in ("ppo", "a2c", "atari_ppo"):
         step = model.update_step(f"loss/{PID}", dict(model.policy.named_parameters()), model.policy_optimizer(PID),
                                  policy_loss(model.loss, PID), model.grad_clip)
         scalars = model.loss_scalars(PID)
@@ -96,8 +114,12 @@ class Bench(pl.Callback):
     def on_train_start(self, trainer: pl.Trainer, model: Any) -> None:
         batch = minibatch(model, self.algo, torch.Generator().manual_seed(0))
         update = one_update(model, self.algo, batch)
+        cuda = model.device.type == "cuda"
+        skips = torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]
         start = time.perf_counter()
         update()  # compiles, when compiled
+        if cuda:
+            torch.cuda.synchronize()
         self.result["first_call_s"] = time.perf_counter() - start
         for _ in range(20):
             update()
@@ -106,19 +128,24 @@ class Bench(pl.Callback):
             start = time.perf_counter()
             for _ in range(self.calls):
                 update()
+            if cuda:
+                torch.cuda.synchronize()
             times.append((time.perf_counter() - start) / self.calls * 1e6)
+        # inductor counts each "skipping cudagraphs due to ..." it logs (0 where CUDA graphs captured it)
+        self.result["cudagraph_skips"] = torch._dynamo.utils.counters["inductor"]["cudagraph_skips"] - skips
         self.result["us"] = statistics.median(times)
         self.result["compiled"] = all(s.compiled for s in model._update_steps.values())
         trainer.should_stop = True
 
 
-def measure(algo: str, compile: bool, calls: int, repeats: int) -> dict[str, float]:
+def measure(algo: str, compile: bool, calls: int, repeats: int, device: str = "cpu") -> dict[str, float]:
     cls, settings = SETTINGS[algo]
     model = cls(**settings, seed=0, compile=compile, num_cpu_threads=1)
     bench = Bench(algo, calls, repeats)
     trainer = pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, callbacks=[bench], accelerator="cpu", max_epochs=1,
-                         limit_train_batches=1)
+                         enable_model_summary=False, callbacks=[bench],
+                         accelerator="gpu" if device == "cuda" else "cpu", devices=1,
+                         max_epochs=1, limit_train_batches=1)
     trainer.fit(model)
     return bench.result
 
@@ -128,19 +155,22 @@ def main() -> None:
     p.add_argument("--algos", default="ppo,a2c,dqn,sac")
     p.add_argument("--calls", type=int, default=200)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="the learner's device")
     args = p.parse_args()
     rows = {}
-    print(f"torch {torch.__version__}, 1 thread; µs per update (median of {args.repeats} x {args.calls} calls)")
-    print("| algorithm | eager µs | compiled µs | speed-up | compile s (first call) |")
-    print("|---|---|---|---|---|")
+    print(f"torch {torch.__version__}, 1 thread, {args.device}; µs per update (median of {args.repeats} x "
+          f"{args.calls} calls)")
+    print("| algorithm | eager µs | compiled µs | speed-up | compile s (first call) | cudagraph skips |")
+    print("|---|---|---|---|---|---|")
     for algo in args.algos.split(","):
-        eager = measure(algo, False, args.calls, args.repeats)
-        compiled = measure(algo, True, args.calls, args.repeats)
+        eager = measure(algo, False, args.calls, args.repeats, args.device)
+        compiled = measure(algo, True, args.calls, args.repeats, args.device)
         rows[algo] = {"eager_us": eager["us"], "compiled_us": compiled["us"], "speedup": eager["us"] / compiled["us"],
-                      "compile_s": compiled["first_call_s"], "compiled": compiled["compiled"]}
+                      "compile_s": compiled["first_call_s"], "compiled": compiled["compiled"],
+                      "cudagraph_skips": compiled["cudagraph_skips"], "device": args.device}
         note = "" if compiled["compiled"] else " (fell back to eager)"
         print(f"| {algo} | {eager['us']:.0f} | {compiled['us']:.0f}{note} | {rows[algo]['speedup']:.2f}x | "
-              f"{compiled['first_call_s']:.1f} |", flush=True)
+              f"{compiled['first_call_s']:.1f} | {compiled['cudagraph_skips']} |", flush=True)
     print(json.dumps(rows))
 
 
