@@ -15,7 +15,7 @@ __version__ = "0.1.0"
 # Each public name -> the module that defines it.
 _EXPORTS = {
     **{name: "lightning_rl.algorithms" for name in (
-        "A2C", "A3C", "APEX", "APPO", "DQN", "IMPALA", "PPO", "SAC", "Algorithm", "RLModule")},
+        "A2C", "A3C", "APEX", "APPO", "DDPG", "DQN", "IMPALA", "PPO", "SAC", "TD3", "Algorithm", "RLModule")},
     "DEFAULT_POLICY_ID": "lightning_rl.batch",
     "MultiAgentBatch": "lightning_rl.batch",
     "SampleBatch": "lightning_rl.batch",
@@ -33,11 +33,13 @@ __all__ = [
     "A3C",
     "APEX",
     "APPO",
+    "DDPG",
     "DEFAULT_POLICY_ID",
     "DQN",
     "IMPALA",
     "PPO",
     "SAC",
+    "TD3",
     "Algorithm",
     "AsyncSamplingDataModule",
     "LearnerInfoBuilder",
@@ -52,7 +54,20 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # what editors and type checkers see
-    from lightning_rl.algorithms import A2C, A3C, APEX, APPO, DQN, IMPALA, PPO, SAC, Algorithm, RLModule
+    from lightning_rl.algorithms import (
+        A2C,
+        A3C,
+        APEX,
+        APPO,
+        DDPG,
+        DQN,
+        IMPALA,
+        PPO,
+        SAC,
+        TD3,
+        Algorithm,
+        RLModule,
+    )
     from lightning_rl.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
     from lightning_rl.callbacks import LearnerInfoCallback, RolloutMetricsCallback
     from lightning_rl.data import AsyncSamplingDataModule, ReplayDataModule, RolloutDataModule

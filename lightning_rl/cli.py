@@ -50,7 +50,7 @@ TOOLS = ("plot", "record")
 SUBCOMMANDS = ("fit", "validate", "test")
 # The built-in algorithms, by name: what --model NAME takes before any algorithm is imported (a
 # subclass defined in this process is known once lightning_rl.checkpoint is: _algorithm_names).
-ALGORITHMS = ("A2C", "A3C", "APEX", "APPO", "DQN", "IMPALA", "PPO", "SAC")
+ALGORITHMS = ("A2C", "A3C", "APEX", "APPO", "DDPG", "DQN", "IMPALA", "PPO", "SAC", "TD3")
 
 # Lightning's own --ckpt_path values that name no file ("last" checkpoint of this run, ...).
 LIGHTNING_CKPT_NAMES = ("last", "best", "hpc", "registry")
@@ -61,6 +61,7 @@ LIGHTNING_CKPT_NAMES = ("last", "best", "hpc", "registry")
 RESUMABLE_SETTINGS = (
     "total_env_steps",
     "iterations_per_epoch",
+    "iterations_per_step",
     "evaluation_interval",
     "evaluation_num_episodes",
     "evaluation_max_episode_steps",

@@ -30,7 +30,7 @@ from lightning_rl.recording import main as record_main
 from tests.conftest import quiet_trainer, run_main
 
 ROOT = Path(__file__).resolve().parents[1]
-ALGORITHMS = ("PPO", "A2C", "DQN", "SAC", "IMPALA", "APPO", "APEX", "A3C")
+ALGORITHMS = ("PPO", "A2C", "DQN", "SAC", "TD3", "DDPG", "IMPALA", "APPO", "APEX", "A3C")
 QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
 # what a small PPO fit takes: 64 env steps per iteration
 SMALL_PPO = dict(num_envs=4, rollout_fragment_length=16, sgd_minibatch_size=32, num_sgd_iter=2, iterations_per_epoch=1)
@@ -78,8 +78,8 @@ def written_counters(root: Path) -> list[dict[str, int]]:
                                                  "--model.num_envs?"),
     (["--model", "SAC", "--model.init_args.learning_start", "3"], "did you mean --model.learning_starts?"),
     # (subclasses other tests defined in this process follow the built-in ones)
-    (["--model", "TRPO"], "--model TRPO: no such algorithm (the algorithms: A2C, A3C, APEX, APPO, DQN, IMPALA, PPO, "
-                          "SAC"),
+    (["--model", "TRPO"], "--model TRPO: no such algorithm (the algorithms: A2C, A3C, APEX, APPO, DDPG, DQN, IMPALA, "
+                          "PPO, SAC, TD3"),
     (["--model", "PPO", "--model.gamma", "abc"], "--model.gamma: expected float, got 'abc'"),
     (["--model", "PPO", "--model.max_seq_len", "1.5"], "--model.max_seq_len: expected int, got '1.5'"),
     (["--model", "PPO", "--trainer.max_epochs", "abc"], "--trainer.max_epochs: expected int, got 'abc'"),

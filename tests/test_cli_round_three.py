@@ -75,8 +75,8 @@ def test_help_and_argument_errors_import_neither_torch_nor_lightning(tmp_path):
         "(all of them: lightning-rl fit --model.help PPO)",
         "lightning-rl fit: error: --model.learning_start: DQN has no setting 'learning_start'; did you mean "
         "--model.learning_starts? (all of them: lightning-rl fit --model.help DQN)",
-        "lightning-rl fit: error: --model TRPO: no such algorithm (the algorithms: A2C, A3C, APEX, APPO, DQN, IMPALA, "
-        "PPO, SAC)",
+        "lightning-rl fit: error: --model TRPO: no such algorithm (the algorithms: A2C, A3C, APEX, APPO, DDPG, DQN, "
+        "IMPALA, PPO, SAC, TD3)",
         "lightning-rl: error: unknown command 'fti'; did you mean fit? (the commands: fit, validate, test, plot, "
         "record)",
         "lightning-rl fit: error: --trainer.max_epochz: pl.Trainer has no argument 'max_epochz'; did you mean "

@@ -91,7 +91,7 @@ def test_site_builds_strictly(tmp_path):
     import lightning_rl
 
     reference = (site / "reference" / "hyperparameters" / "index.html").read_text(encoding="utf-8")
-    for name in ("PPO", "A2C", "DQN", "SAC", "IMPALA", "APPO", "APEX", "A3C"):
+    for name in ("PPO", "A2C", "DQN", "SAC", "TD3", "DDPG", "IMPALA", "APPO", "APEX", "A3C"):
         for setting in inspect.signature(getattr(lightning_rl, name).__init__).parameters:
             if setting != "self":
                 assert f"<code>{setting}</code>" in reference, (name, setting)

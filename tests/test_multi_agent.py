@@ -208,12 +208,12 @@ def test_a_mapping_given_as_a_table_reloads_from_the_checkpoint_and_a_function_m
 def test_algorithms_without_multi_agent_support_say_so():
     """... and name every algorithm that does (by its ``supports_multi_agent``), not a stale list."""
     import lightning_rl
-    from lightning_rl import A3C, APEX, SAC
+    from lightning_rl import A3C, APEX, SAC, TD3
 
-    takes = [name for name in ("A2C", "A3C", "APEX", "APPO", "DQN", "IMPALA", "PPO", "SAC")
+    takes = [name for name in ("A2C", "A3C", "APEX", "APPO", "DDPG", "DQN", "IMPALA", "PPO", "SAC", "TD3")
              if getattr(lightning_rl, name).supports_multi_agent]
     assert "DQN" in takes and "IMPALA" in takes and "APPO" in takes
-    for algo in (SAC, APEX, A3C):
+    for algo in (SAC, TD3, APEX, A3C):
         with pytest.raises(ValueError) as error:
             algo(env=Relay)
         assert str(error.value) == (f"{algo.__name__} does not take multi-agent (PettingZoo) envs; "

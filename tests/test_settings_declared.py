@@ -15,7 +15,7 @@ from lightning_rl.algorithms.base import Algorithm
 from lightning_rl.checkpoint import algorithm_registry
 from lightning_rl.settings import _declaring_classes, _own_settings
 
-ALGORITHMS = ["A2C", "A3C", "APEX", "APPO", "DQN", "IMPALA", "PPO", "SAC"]
+ALGORITHMS = ["A2C", "A3C", "APEX", "APPO", "DDPG", "DQN", "IMPALA", "PPO", "SAC", "TD3"]
 
 # Declared in two classes on purpose: sibling bases own them with different meanings or types.
 DECLARED_TWICE = {

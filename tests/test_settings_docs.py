@@ -14,7 +14,7 @@ import lightning_rl
 from lightning_rl.algorithms.base import Algorithm
 from lightning_rl.settings import SETTINGS, SettingsGroup, document_settings
 
-ALGORITHMS = ["A2C", "A3C", "APEX", "APPO", "DQN", "IMPALA", "PPO", "SAC"]
+ALGORITHMS = ["A2C", "A3C", "APEX", "APPO", "DDPG", "DQN", "IMPALA", "PPO", "SAC", "TD3"]
 
 
 def _source_args(cls: type) -> dict[str, str]:

@@ -14,7 +14,7 @@ import inspect
 import re
 from typing import Any
 
-ALGORITHMS = ("PPO", "A2C", "DQN", "SAC", "IMPALA", "APPO", "APEX", "A3C")
+ALGORITHMS = ("PPO", "A2C", "DQN", "SAC", "TD3", "DDPG", "IMPALA", "APPO", "APEX", "A3C")
 MARKER = re.compile(r"^<!-- settings-(table|matrix)(?::\s*(\w+))? -->$", flags=re.MULTILINE)
 
 

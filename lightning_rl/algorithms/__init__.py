@@ -9,8 +9,9 @@ from lightning_rl.algorithms.off_policy import OffPolicyModule
 from lightning_rl.algorithms.on_policy import OnPolicyModule
 from lightning_rl.algorithms.ppo import PPO
 from lightning_rl.algorithms.sac import SAC
+from lightning_rl.algorithms.td3 import DDPG, TD3
 
 __all__ = [
-    "A2C", "A3C", "APEX", "APPO", "DQN", "IMPALA", "PPO", "SAC", "Algorithm", "OffPolicyModule", "OnPolicyModule",
-    "RLModule",
+    "A2C", "A3C", "APEX", "APPO", "DDPG", "DQN", "IMPALA", "PPO", "SAC", "TD3", "Algorithm", "OffPolicyModule",
+    "OnPolicyModule", "RLModule",
 ]

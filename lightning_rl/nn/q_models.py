@@ -1,4 +1,5 @@
-"""Value-based and soft actor-critic networks: Q heads (DQN) and squashed Gaussian actors (SAC)."""
+"""Value-based and actor-critic networks for replay: Q heads (DQN), squashed Gaussian actors
+(SAC), deterministic tanh actors (TD3, DDPG) and their Q(s, a) critics."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import gymnasium as gym
 import torch
 from torch import Tensor, nn
 
+from lightning_rl.functional import ornstein_uhlenbeck_step
 from lightning_rl.nn.cnn import default_image_encoder
 from lightning_rl.nn.encoders import EncoderSpec
 from lightning_rl.nn.models import Float32Linear, flat_obs_dim, mlp, preprocess_obs, trunk
@@ -121,31 +123,104 @@ class SquashedGaussianActor(nn.Module):
 
 
 class TwinQ(nn.Module):
-    """Two independent Q(s, a) networks for continuous actions (clipped double Q, Fujimoto et al. 2018)."""
+    """Two independent Q(s, a) networks for continuous actions (clipped double Q, Fujimoto et al. 2018);
+    ``num_q=1``: one (DDPG)."""
 
     def __init__(
         self, observation_space: gym.Space, action_dim: int, hiddens: Sequence[int] = (256, 256),
-        activation: str = "relu", encoder: EncoderSpec = None,
+        activation: str = "relu", encoder: EncoderSpec = None, num_q: int = 2,
     ) -> None:
         super().__init__()
+        if num_q not in (1, 2):
+            raise ValueError(f"num_q must be 1 or 2, got {num_q}")
         self.observation_space = observation_space
         obs_dim = flat_obs_dim(observation_space)
         if encoder is None:
             encoder = default_image_encoder(observation_space)
         self.encoders: nn.ModuleList | None = None
         if encoder is not None:  # each critic reads the observation through an encoder of its own (a CNN for images)
-            built = [trunk(observation_space, obs_dim, [], activation, encoder) for _ in range(2)]
+            built = [trunk(observation_space, obs_dim, [], activation, encoder) for _ in range(num_q)]
             self.encoders, obs_dim = nn.ModuleList([layers for layers, _, _ in built]), built[0][1]
         in_dim = obs_dim + action_dim
         out_dim = hiddens[-1] if hiddens else in_dim
         self.q1 = nn.Sequential(mlp(in_dim, hiddens, activation), Float32Linear(out_dim, 1))
-        self.q2 = nn.Sequential(mlp(in_dim, hiddens, activation), Float32Linear(out_dim, 1))
+        self.q2 = nn.Sequential(mlp(in_dim, hiddens, activation), Float32Linear(out_dim, 1)) if num_q == 2 else None
 
-    def forward(self, obs: Tensor, actions: Tensor) -> tuple[Tensor, Tensor]:
-        """``[N, *obs_shape]``, ``[N, dim]`` actions in ``[-1, 1]`` -> two ``[N]`` Q-values."""
+    def forward(self, obs: Tensor, actions: Tensor) -> tuple[Tensor, ...]:
+        """``[N, *obs_shape]``, ``[N, dim]`` actions in ``[-1, 1]`` -> ``num_q`` (two) ``[N]`` Q-values."""
         x = preprocess_obs(obs, self.observation_space)
+        heads = [self.q1] if self.q2 is None else [self.q1, self.q2]
         if self.encoders is None:
             x = torch.cat([x, actions], dim=-1)
-            return self.q1(x).squeeze(-1), self.q2(x).squeeze(-1)
-        x1, x2 = (torch.cat([encoder(x), actions], dim=-1) for encoder in self.encoders)
-        return self.q1(x1).squeeze(-1), self.q2(x2).squeeze(-1)
+            return tuple(q(x).squeeze(-1) for q in heads)
+        return tuple(q(torch.cat([encoder(x), actions], dim=-1)).squeeze(-1)
+                     for q, encoder in zip(heads, self.encoders, strict=True))
+
+
+class OrnsteinUhlenbeckNoise:
+    """Temporally correlated exploration noise, one process per env (Uhlenbeck & Ornstein 1930, as
+    DDPG's paper explores): ``x <- x - theta * x * dt + sigma * sqrt(dt) * N(0, 1)``, from zero.
+    The process runs on across episode ends. Its state is per DDP rank (``state``, saved in
+    checkpoints by TD3)."""
+
+    def __init__(self, sigma: float, theta: float = 0.15, dt: float = 1e-2) -> None:
+        self.sigma, self.theta, self.dt = sigma, theta, dt
+        self.state: Tensor | None = None
+
+    def __call__(self, shape: torch.Size, generator: torch.Generator | None, device: torch.device) -> Tensor:
+        """The next ``[N, dim]`` noise; a batch of another shape (``predict`` on one observation)
+        starts a process of its own from zero."""
+        if self.state is None or self.state.shape != shape:
+            self.state = torch.zeros(shape, device=device)
+        self.state = self.state.to(device)
+        gaussian = torch.randn(shape, generator=generator, device=device)
+        self.state = ornstein_uhlenbeck_step(self.state, gaussian, self.sigma, self.theta, self.dt)
+        return self.state
+
+
+class DeterministicActor(nn.Module):
+    """TD3's and DDPG's policy: ``tanh(mu(s))``, in ``[-1, 1]``, scaled to the Box bounds.
+
+    Exploring (``compute_actions(explore=True)``) adds ``action_noise`` in the ``[-1, 1]`` scale
+    and clips there, as Stable-Baselines3 does: ``"normal"`` (``N(0, action_noise_sigma)`` per
+    step), an ``OrnsteinUhlenbeckNoise`` or ``None``."""
+
+    def __init__(
+        self,
+        observation_space: gym.Space,
+        action_space: gym.Space,
+        hiddens: Sequence[int] = (256, 256),
+        activation: str = "relu",
+        encoder: EncoderSpec = None,
+    ) -> None:
+        super().__init__()
+        if not (isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1):
+            raise ValueError(f"unsupported action space {action_space}: TD3 needs 1-D Box actions")
+        self.observation_space = observation_space
+        self.encoder, out_dim, _ = trunk(observation_space, flat_obs_dim(observation_space), hiddens, activation,
+                                         encoder)
+        self.head = Float32Linear(out_dim, int(action_space.shape[0]))
+        low, high = torch.as_tensor(action_space.low, dtype=torch.float32), torch.as_tensor(action_space.high)
+        self.register_buffer("action_mid", (high.float() + low) / 2)
+        self.register_buffer("action_half", (high.float() - low) / 2)
+
+    def normalize(self, actions: Tensor) -> Tensor:
+        """Env actions -> ``[-1, 1]``."""
+        return (actions - self.action_mid) / self.action_half
+
+    def forward(self, obs: Tensor) -> Tensor:
+        """``[N, *obs_shape]`` -> ``[N, dim]`` actions in ``[-1, 1]``."""
+        return torch.tanh(self.head(self.encoder(preprocess_obs(obs, self.observation_space))).float())
+
+    def compute_actions(
+        self, obs: Tensor, explore: bool = True, generator: torch.Generator | None = None,
+        action_noise: str | OrnsteinUhlenbeckNoise | None = None, action_noise_sigma: float = 0.1,
+    ) -> dict[str, Tensor]:
+        """Env-scaled actions for ``[N, *obs_shape]`` observations."""
+        actions = self(obs)
+        if explore and action_noise == "normal":
+            noise = torch.randn(actions.shape, generator=generator, device=actions.device)
+            actions = (actions + action_noise_sigma * noise).clamp(-1.0, 1.0)
+        elif explore and isinstance(action_noise, OrnsteinUhlenbeckNoise):
+            actions = (actions + action_noise(actions.shape, generator, actions.device)).clamp(-1.0, 1.0)
+        return {"actions": self.action_mid + actions * self.action_half}
