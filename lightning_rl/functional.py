@@ -272,6 +272,29 @@ def double_q_target(
     return rewards + discounts * (1.0 - terminateds.float()) * next_q
 
 
+def smoothed_target_actions(next_actions: Tensor, noise: Tensor, noise_clip: float) -> Tensor:
+    """TD3's target policy smoothing (Fujimoto et al. 2018, eq. 15): ``clip(a' + clip(noise, -c, c),
+    -1, 1)`` with ``a'`` the target actor's ``[B, A]`` actions in ``[-1, 1]`` and ``noise [B, A]``
+    already scaled by the target policy noise (zeros: no smoothing)."""
+    return (next_actions + noise.clamp(-noise_clip, noise_clip)).clamp(-1.0, 1.0)
+
+
+def clipped_double_q_target(
+    rewards: Tensor, discounts: Tensor, terminateds: Tensor, next_qs: Sequence[Tensor]
+) -> Tensor:
+    """The n-step target ``R + gamma^k (1 - terminated) min_i Q_target_i(s', a')`` of clipped double
+    Q (Fujimoto et al. 2018; one ``next_qs`` entry: DDPG's plain target). ``rewards, discounts,
+    terminateds [B]``; ``next_qs``: one or two ``[B]``."""
+    next_q = next_qs[0] if len(next_qs) == 1 else torch.minimum(next_qs[0], next_qs[1])
+    return rewards + discounts * (1.0 - terminateds.float()) * next_q
+
+
+def ornstein_uhlenbeck_step(x: Tensor, gaussian: Tensor, sigma: float, theta: float, dt: float) -> Tensor:
+    """One Euler-Maruyama step of a zero-mean Ornstein-Uhlenbeck process: ``x - theta x dt + sigma
+    sqrt(dt) gaussian``, with ``x`` and the standard-normal ``gaussian`` of any one shape."""
+    return x - theta * x * dt + sigma * dt ** 0.5 * gaussian
+
+
 @torch.no_grad()
 def soft_update_(target: Sequence[Tensor], source: Sequence[Tensor], tau: float) -> None:
     """In place, ``target <- (1 - tau) * target + tau * source`` for matching tensor lists
