@@ -8,7 +8,7 @@ MODE ``check``: a few iterations of PPO CartPole (with an adaptive KL coefficien
 ``dqn``, ``dqn_uneven`` (the configuration where "enough data" used to differ between ranks),
 ``dqn_frames`` (DQN on stacked uint8 frames, stored once per step in a replay that wraps),
 ``apex_frames`` (APEX on them, a worker per rank shipping packets of frames to a packed replay),
-``sac``, ``a2c``, ``impala``, ``appo``, ``apex``: the other algorithms (the async ones with a
+``sac``, ``td3``, ``a2c``, ``impala``, ``appo``, ``apex``: the other algorithms (the async ones with a
 sampler worker per rank); ``resume-ALGO-PHASE`` (ALGO ``ppo``/``dqn``/``apex``, PHASE
 ``full``: 8192 global env steps, ``first``: the first 4096 then a checkpoint in OUT_DIR,
 ``second``: resume from that checkpoint to 8192); ``envpool``: PPO CartPole on envpool's envs
@@ -31,7 +31,7 @@ import torch
 from pytorch_lightning.loggers import CSVLogger
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from lightning_rl import A2C, APEX, APPO, DQN, IMPALA, PPO, SAC
+from lightning_rl import A2C, APEX, APPO, DQN, IMPALA, PPO, SAC, TD3
 from tests.image_envs import BrightSide, stacked_bright_side
 from tests.multi_agent_envs import RankRelay, by_agent
 from tests.space_envs import CueMatch
@@ -89,6 +89,14 @@ class Recorder(pl.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         self.affinity = affinity()
+        for one in getattr(batch, "batches", [batch]):  # an IterationStream's iterations (iterations_per_step)
+            self.record_batch(one)
+        stats = outputs["learner_info"].get("default_policy", {}).get("learner_stats", {})
+        self.learner_stats.append({k: v for k, v in stats.items() if isinstance(v, float)})
+        kl_coeff = getattr(pl_module, "kl_coeff", {})  # PPO's adapts per policy; APPO's is a constant
+        self.kl_coeff = dict(kl_coeff) if isinstance(kl_coeff, dict) else kl_coeff
+
+    def record_batch(self, batch):
         if self.first_obs is None and batch.policy_batches:  # the default policy's, or the first one's
             policy_batch = batch.policy_batches.get("default_policy") or next(iter(batch.policy_batches.values()))
             self.first_obs = policy_batch["obs"][:4].tolist()
@@ -98,10 +106,6 @@ class Recorder(pl.Callback):
             self.first_obs = stored_obs(buffer)
         if "default_policy" in batch.policy_batches:
             self.rows += batch.policy_batches["default_policy"].count
-        stats = outputs["learner_info"].get("default_policy", {}).get("learner_stats", {})
-        self.learner_stats.append({k: v for k, v in stats.items() if isinstance(v, float)})
-        kl_coeff = getattr(pl_module, "kl_coeff", {})  # PPO's adapts per policy; APPO's is a constant
-        self.kl_coeff = dict(kl_coeff) if isinstance(kl_coeff, dict) else kl_coeff
 
 
 RESUME = {
@@ -146,8 +150,12 @@ def main(out: Path, mode: str) -> None:
     elif mode == "sac":
         model = SAC(env="Pendulum-v1", learning_starts=32, train_batch_size=32, hiddens=(16,),
                     total_env_steps=2 * 48, prioritized_replay=True, **common)
-    elif mode == "a2c":
-        model = A2C(env="CartPole-v1", num_envs=4, total_env_steps=2 * 4 * 5 * 6, **common)
+    elif mode == "td3":  # Ornstein-Uhlenbeck noise: each rank's process is its own
+        model = TD3(env="Pendulum-v1", learning_starts=32, train_batch_size=32, hiddens=(16,),
+                    total_env_steps=2 * 48, prioritized_replay=True, action_noise="ornstein-uhlenbeck", **common)
+    elif mode in ("a2c", "a2c_one_per_step"):  # a2c: A2C's 10 iterations_per_step, here 5 (the epoch's), then 1
+        model = A2C(env="CartPole-v1", num_envs=4, total_env_steps=2 * 4 * 5 * 6, **common,
+                    **({"iterations_per_step": 1} if mode == "a2c_one_per_step" else {}))
     elif mode in ("impala", "appo"):  # each rank forks its own sampler worker
         model = {"impala": IMPALA, "appo": APPO}[mode](
             env="CartPole-v1", num_workers=1, num_envs=2, rollout_fragment_length=10, train_batch_size=40,

@@ -13,7 +13,7 @@ import gymnasium as gym
 import pytest
 import torch
 
-from lightning_rl import PPO, SAC
+from lightning_rl import PPO, SAC, TD3
 from lightning_rl.checkpoint import CheckpointError
 from lightning_rl.cli import cli
 from tests.conftest import fit_iterations, quiet_trainer
@@ -165,15 +165,16 @@ def test_cli_validate_needs_a_callable_env_again(tmp_path):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("algo", ["ppo", "sac"])
+@pytest.mark.parametrize("algo", ["ppo", "sac", "td3"])
 def test_cli_validates_a_python_api_checkpoint_with_only_ckpt_path(algo, tmp_path):
     """Item 13: a checkpoint written from the Python API (tuple hiddens, schedules as lists, a
     non-default class) validates from the CLI with nothing but ``--ckpt_path``."""
     if algo == "ppo":
         model = PPO(**{**SMALL, "hiddens": (16, 16), "lr_schedule": [[0, 1e-3], [64, 1e-4]]})
     else:
-        model = SAC(env="Pendulum-v1", learning_starts=16, train_batch_size=16, hiddens=(16,), seed=0,
-                    total_env_steps=None, iterations_per_epoch=24, evaluation_num_episodes=1)
+        model = {"sac": SAC, "td3": TD3}[algo](env="Pendulum-v1", learning_starts=16, train_batch_size=16,
+                                               hiddens=(16,), seed=0, total_env_steps=None, iterations_per_epoch=24,
+                                               evaluation_num_episodes=1)
     trainer = quiet_trainer(max_epochs=1)
     trainer.fit(model)
     path = tmp_path / f"{algo}.ckpt"

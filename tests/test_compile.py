@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch._dynamo.utils as dynamo_utils
 
-from lightning_rl import A2C, DQN, PPO, SAC
+from lightning_rl import A2C, DQN, PPO, SAC, TD3
 from lightning_rl.update import NonFiniteLossError
 from tests.conftest import quiet_trainer
 from tests.space_envs import CueMatch, binary_cue_match
@@ -38,8 +38,12 @@ CONFIGS = {
                       hiddens=(32,), prioritized_replay=True, lr_schedule="linear", total_env_steps=96)),
     "sac": (SAC, dict(env="Pendulum-v1", learning_starts=32, train_batch_size=16, hiddens=(16,),
                       prioritized_replay=True, total_env_steps=40)),
+    # the actor (and the targets) on every second critic update: its step compiled apart
+    "td3": (TD3, dict(env="Pendulum-v1", learning_starts=32, train_batch_size=16, hiddens=(16,),
+                      prioritized_replay=True, total_env_steps=44)),
 }
-GRAPHS = {"ppo": 1, "a2c": 1, "ppo_pendulum": 1, "ppo_multi_discrete": 1, "a2c_multi_binary": 1, "dqn": 1, "sac": 3}
+GRAPHS = {"ppo": 1, "a2c": 1, "ppo_pendulum": 1, "ppo_multi_discrete": 1, "a2c_multi_binary": 1, "dqn": 1, "sac": 3,
+          "td3": 2}
 
 
 def fit(model, ckpt_path=None, **trainer_kwargs):
@@ -147,7 +151,7 @@ def _mutated_inputs(graphs) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("name", ["ppo", "a2c", "sac"])
+@pytest.mark.parametrize("name", ["ppo", "a2c", "sac", "td3"])
 def test_the_functional_step_for_cuda_graphs_mutates_no_input_and_steps_as_the_in_place_one(name, monkeypatch):
     """On CUDA the compiled step is functional (CUDA graphs skip graphs that mutate inputs, the
     'skipping cudagraphs due to mutated inputs' of issue 36): forced on the CPU here, its graphs

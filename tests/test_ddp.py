@@ -154,12 +154,24 @@ def test_off_policy_ranks_start_learning_together(tmp_path):
     assert r0["counters"]["num_grad_updates"] == r1["counters"]["num_grad_updates"] > 0
 
 
-@pytest.mark.parametrize("mode", ["sac", "a2c", "impala", "appo", "apex"])
+@pytest.mark.parametrize("mode", ["sac", "td3", "a2c", "impala", "appo", "apex"])
 def test_algorithm_runs_under_plain_ddp(tmp_path, mode):
     r0, r1, _ = run_ddp(tmp_path, mode, timeout=300)
     assert r0["params"] == r1["params"]  # every optimizer step averaged its own gradients over the ranks
     assert r0["counters"]["num_grad_updates"] == r1["counters"]["num_grad_updates"] > 0
     assert r0["first_obs"] != r1["first_obs"]
+
+
+def test_several_iterations_per_step_under_ddp_match_one_per_step(tmp_path):
+    """A2C's iterations_per_step (5 per Lightning step here, the budget ending inside the second
+    step) under 2-rank DDP: the same weights, to the bit, and counters as one iteration per step."""
+    (tmp_path / "streamed").mkdir(), (tmp_path / "single").mkdir()
+    streamed, _, _ = run_ddp(tmp_path / "streamed", "a2c", timeout=300)
+    single, _, _ = run_ddp(tmp_path / "single", "a2c_one_per_step", timeout=300)
+    assert streamed["params"] == single["params"]
+    assert streamed["counters"] == single["counters"]
+    assert streamed["counters"]["num_iterations"] == 6  # 2 * 20 env steps per iteration, 240 in all
+    assert streamed["rows"] == single["rows"] > 0
 
 
 def test_dict_observations_and_multi_discrete_actions_under_ddp(tmp_path):

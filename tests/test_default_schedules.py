@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from lightning_rl import A2C, APEX, APPO, DQN, IMPALA, PPO, SAC
+from lightning_rl import A2C, APEX, APPO, DQN, IMPALA, PPO, SAC, TD3
 from tests.conftest import quiet_trainer
 
 SMALL = {
@@ -17,6 +17,8 @@ SMALL = {
     PPO: dict(num_envs=2, rollout_fragment_length=10, sgd_minibatch_size=20, num_sgd_iter=1, hiddens=(16,)),
     A2C: dict(num_envs=2, rollout_fragment_length=10, hiddens=(16,)),
     SAC: dict(env="Pendulum-v1", learning_starts=32, train_freq=16, num_gradient_steps=1, train_batch_size=16,
+              hiddens=(16,)),
+    TD3: dict(env="Pendulum-v1", learning_starts=32, train_freq=16, num_gradient_steps=1, train_batch_size=16,
               hiddens=(16,)),
 }
 LR = 1e-3
@@ -48,7 +50,7 @@ def test_without_a_budget_an_unset_lr_schedule_is_constant(algo):
     assert model.lr_points is None
 
 
-@pytest.mark.parametrize("algo", [APEX, PPO, A2C, SAC])
+@pytest.mark.parametrize("algo", [APEX, PPO, A2C, SAC, TD3])
 def test_the_others_keep_an_unset_lr_schedule_constant(algo):
     lr, _ = lr_of_the_last_step(algo, total_env_steps=BUDGET)
     assert lr == LR

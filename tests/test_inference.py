@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_rl import DQN, PPO, SAC, evaluate
+from lightning_rl import DQN, PPO, SAC, TD3, evaluate
 
 
 @pytest.mark.parametrize(("cls", "env"), [(PPO, "CartPole-v1"), (PPO, "Pendulum-v1"), (DQN, "CartPole-v1"),
-                                          (SAC, "Pendulum-v1")])
+                                          (SAC, "Pendulum-v1"), (TD3, "Pendulum-v1")])
 def test_predict_single_and_batched_and_export(cls, env, tmp_path):
     model = cls(env=env, seed=0)
     batch = np.stack([model.observation_space.sample() for _ in range(7)]).astype(np.float32)

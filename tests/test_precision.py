@@ -9,7 +9,7 @@ import pytest
 import pytorch_lightning as pl
 import torch
 
-from lightning_rl import DQN, IMPALA, PPO, SAC
+from lightning_rl import DQN, IMPALA, PPO, SAC, TD3
 from lightning_rl.evaluation import evaluate
 from lightning_rl.nn.models import ActorCritic, Float32Linear
 from lightning_rl.nn.q_models import QNetwork, SquashedGaussianActor, TwinQ
@@ -35,7 +35,9 @@ def _first_conv(model: pl.LightningModule) -> torch.nn.Conv2d:
                    train_batch_size=16, total_env_steps=64),
     lambda: SAC(env=BrightSideSteer, seed=0, total_env_steps=48, learning_starts=32, buffer_size=64,
                 train_batch_size=8, hiddens=(16,), iterations_per_epoch=16),
-], ids=["ppo", "dqn", "impala", "sac"])
+    lambda: TD3(env=BrightSideSteer, seed=0, total_env_steps=48, learning_starts=32, buffer_size=64,
+                train_batch_size=8, hiddens=(16,), iterations_per_epoch=16),
+], ids=["ppo", "dqn", "impala", "sac", "td3"])
 def test_bf16_mixed_trains_in_bfloat16_with_float32_weights(make):
     model = make()
     conv = _first_conv(model)

@@ -15,7 +15,7 @@ import pytorch_lightning as pl
 from pytorch_lightning.callbacks import LearningRateMonitor, StochasticWeightAveraging, Timer
 from pytorch_lightning.loggers import CSVLogger
 
-from lightning_rl import A2C, A3C, APEX, APPO, DQN, IMPALA, PPO, SAC
+from lightning_rl import A2C, A3C, APEX, APPO, DQN, IMPALA, PPO, SAC, TD3
 from tests.conftest import quiet_trainer
 
 pytestmark = pytest.mark.timeout(300)
@@ -122,6 +122,7 @@ DEV_RUNS = {  # every algorithm at its own defaults but the network's size and t
     "A2C": lambda: A2C(seed=0, num_envs=2, hiddens=(8,)),
     "DQN": lambda: DQN(seed=0, hiddens=(8,)),  # learning_starts=1000 by default
     "SAC": lambda: SAC(seed=0, hiddens=(8,), train_batch_size=16),  # train_freq=1, n_step=1: one row per step
+    "TD3": lambda: TD3(seed=0, hiddens=(8,), train_batch_size=16),
     "IMPALA": lambda: IMPALA(seed=0, num_workers=0, num_envs=2, rollout_fragment_length=8, train_batch_size=16),
     "APPO": lambda: APPO(seed=0, num_workers=0, num_envs=2, rollout_fragment_length=8, train_batch_size=16),
     "APEX": lambda: APEX(seed=0, num_workers=0, num_envs=2, hiddens=(8,), train_batch_size=16),
