@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import os
+import subprocess
 import sys
 import warnings
 from collections.abc import Callable
@@ -52,6 +53,41 @@ def headless_sdl() -> None:
     os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
 
 
+OFFSCREEN_GL = ("egl", "osmesa")  # MuJoCo's headless OpenGL backends, in the order tried
+
+
+def offscreen_gl_works(backend: str) -> bool:
+    """Whether MuJoCo can make an OpenGL context with ``backend`` (``MUJOCO_GL``), tried in a child
+    process: PyOpenGL binds its platform once per process, so a failed try would spoil the next."""
+    probe = f"from mujoco.{backend} import GLContext; c = GLContext(16, 16); c.make_current(); c.free()"
+    env = {**os.environ, "MUJOCO_GL": backend, "PYOPENGL_PLATFORM": backend}
+    try:
+        return subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, timeout=120).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def mujoco_offscreen(env: gym.Env, name: Any) -> None:
+    """A MuJoCo env renders through OpenGL. Without a display, and with ``MUJOCO_GL`` unset,
+    gymnasium tries GLFW first, which fails and leaves the other backends unusable in the process:
+    here the first of EGL and OSMesa that makes a context is chosen before the first frame, and
+    neither is one line saying so. A ``MUJOCO_GL`` the user set, or a display, is kept."""
+    if "MUJOCO_GL" in os.environ or os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"):
+        return
+    mujoco_env = sys.modules.get("gymnasium.envs.mujoco.mujoco_env")
+    if mujoco_env is None or not isinstance(env.unwrapped, mujoco_env.MujocoEnv):
+        return
+    for backend in OFFSCREEN_GL:
+        if offscreen_gl_works(backend):
+            os.environ["MUJOCO_GL"] = backend
+            os.environ.setdefault("PYOPENGL_PLATFORM", backend)
+            return
+    env.close()
+    raise gym.error.DependencyNotInstalled(
+        f"env {name!r} renders with OpenGL, and without a display neither MUJOCO_GL=egl nor MUJOCO_GL=osmesa "
+        "made a context here: install EGL (libegl1) or OSMesa (libosmesa6), or record where a display is")
+
+
 def make_render_env(env: EnvSpec) -> gym.Env:
     """One env that renders ``rgb_array`` frames, from a registered id or a zero-argument callable.
 
@@ -71,6 +107,7 @@ def make_render_env(env: EnvSpec) -> gym.Env:
         if "rgb_array" not in modes:
             made.close()
             raise ValueError(f"env {env!r} cannot render rgb_array frames (its render modes: {modes})")
+        mujoco_offscreen(made, make.env_id)
         return made
     if callable(env):
         made = env()
@@ -83,6 +120,7 @@ def make_render_env(env: EnvSpec) -> gym.Env:
                 f"recording needs frames, but env factory {env!r} made an env with render_mode={mode!r}; "
                 "make it with render_mode='rgb_array', e.g. lambda: gym.make(ID, render_mode='rgb_array')"
             )
+        mujoco_offscreen(made, env)
         return made
     raise TypeError(f"env must be a registered env id or a callable returning a gymnasium.Env, got {env!r}")
 

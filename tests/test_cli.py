@@ -44,6 +44,17 @@ SHORT = {  # a few iterations of each config
                      "--model.init_args.evaluation_num_episodes", "1"],
     "sac_pendulum": ["--model.init_args.total_env_steps", "300", "--model.init_args.iterations_per_epoch", "150",
                      "--model.init_args.evaluation_num_episodes", "2"],
+    "td3_pendulum": ["--model.init_args.total_env_steps", "300", "--model.init_args.iterations_per_epoch", "150",
+                     "--model.init_args.evaluation_num_episodes", "2"],
+    # MuJoCo (the mujoco extra): the short forms also show that --model.init_args.env picks the env
+    "td3_mujoco": ["--model.init_args.env", "HalfCheetah-v5", "--model.init_args.total_env_steps", "300",
+                   "--model.init_args.learning_starts", "200", "--model.init_args.hiddens", "[32]",
+                   "--model.init_args.iterations_per_epoch", "150", "--model.init_args.evaluation_num_episodes", "1"],
+    "sac_mujoco": ["--model.init_args.env", "Walker2d-v5", "--model.init_args.total_env_steps", "300",
+                   "--model.init_args.learning_starts", "200", "--model.init_args.hiddens", "[32]",
+                   "--model.init_args.iterations_per_epoch", "150", "--model.init_args.evaluation_num_episodes", "1"],
+    "ppo_mujoco": ["--model.init_args.total_env_steps", "512", "--model.init_args.rollout_fragment_length", "256",
+                   "--model.init_args.iterations_per_epoch", "1", "--model.init_args.evaluation_num_episodes", "1"],
 }
 
 
@@ -63,6 +74,8 @@ def test_fit_from_config_then_validate_from_its_checkpoint(config, tmp_path):
     """Every shipped config, with its budget cut short: the fit ends with ``last.ckpt`` holding the
     final counters (whatever the config's evaluation_interval: APEX and A3C validate, and so
     save by cadence, every 2nd epoch only), and ``validate`` runs from it."""
+    if "mujoco" in config.stem:
+        pytest.importorskip("gymnasium.envs.mujoco", reason='MuJoCo is not installed: pip install -e ".[mujoco]"')
     lightning_rl("fit", "-c", str(config), *SHORT[config.stem], "--trainer.default_root_dir", str(tmp_path),
                  "--trainer.enable_progress_bar", "false", cwd=tmp_path)
     assert not live_pids(processes_of(tmp_path), grace_s=3.0)  # no sampler process (IMPALA/APPO) outlives it
