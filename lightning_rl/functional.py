@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from itertools import pairwise
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -42,6 +43,13 @@ def gae(
     Returns:
         ``(advantages, value_targets)``, both ``[T, B]``; targets are ``advantages + values``.
     """
+    tensors = (rewards, values, bootstrap_value)
+    if all(x.device.type == "cpu" and x.dtype == values.dtype and not x.requires_grad for x in tensors) and \
+            values.dtype in (torch.float32, torch.float64):
+        # The same float operations in numpy, whose per-op cost on [B] rows is a fraction of torch's.
+        advantages = torch.from_numpy(_gae_numpy(*(x.numpy() for x in tensors), terminateds.numpy(),
+                                                 truncateds.numpy(), gamma, lambda_))
+        return advantages, advantages + values
     terminateds = terminateds.to(values.dtype)
     dones = torch.maximum(terminateds, truncateds.to(values.dtype))
     next_values = torch.cat([values[1:], bootstrap_value.unsqueeze(0)], dim=0)
@@ -55,6 +63,23 @@ def gae(
     return advantages, advantages + values
 
 
+def _gae_numpy(rewards: np.ndarray, values: np.ndarray, bootstrap_value: np.ndarray, terminateds: np.ndarray,
+               truncateds: np.ndarray, gamma: float, lambda_: float) -> np.ndarray:
+    """``gae``'s advantages in numpy, operation for operation (the same bits on the CPU)."""
+    dtype = values.dtype.type
+    terminal = terminateds.astype(values.dtype)
+    dones = np.maximum(terminal, truncateds.astype(values.dtype))
+    next_values = np.concatenate([values[1:], bootstrap_value[None]], axis=0)
+    deltas = rewards + dtype(gamma) * next_values * (dtype(1.0) - terminal) - values
+    discounts = dtype(gamma * lambda_) * (dtype(1.0) - dones)
+    out = np.empty_like(values)
+    last = np.zeros_like(bootstrap_value)
+    for t in range(values.shape[0] - 1, -1, -1):
+        last = deltas[t] + discounts[t] * last
+        out[t] = last
+    return out
+
+
 def gae_batch(rollout: dict[str, Tensor], bootstrap_value: Tensor, valid: Tensor, gamma: float,
               lambda_: float) -> dict[str, Tensor]:
     """A time-major ``[T, N]`` rollout (``rewards``, ``vf_preds``, ``terminateds``, ``truncateds``
@@ -62,9 +87,12 @@ def gae_batch(rollout: dict[str, Tensor], bootstrap_value: Tensor, valid: Tensor
     rows and the reset rows of next-step autoreset (``valid`` False) dropped."""
     advantages, targets = gae(rollout["rewards"], rollout["vf_preds"], bootstrap_value, rollout["terminateds"],
                               rollout["truncateds"], gamma, lambda_)
-    keep = valid.reshape(-1)
     cols = {**rollout, "advantages": advantages, "value_targets": targets}
-    return {k: v.reshape(-1, *v.shape[2:])[keep] for k, v in cols.items()}
+    rows = {k: v.reshape(-1, *v.shape[2:]) for k, v in cols.items()}
+    if bool(valid.all()):
+        return rows
+    keep = valid.reshape(-1).nonzero().squeeze(1)  # found once, not once per column
+    return {k: v.index_select(0, keep.to(v.device)) for k, v in rows.items()}
 
 
 def gae_sequences(rollout: dict[str, Tensor], bootstrap_value: Tensor, valid: Tensor, gamma: float, lambda_: float,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -115,6 +115,33 @@ class LearnerInfoBuilder:
         iteration on a GPU)."""
         self._finalized = True
         return {pid: _reduce_tree(rs) for pid, rs in _to_host(self._results).items()}
+
+
+class LazyLearnerInfo(Mapping[str, Any]):
+    """``builder.finalize()`` as a read-only mapping, reduced on first read: what a training
+    step returns, so that iterations whose learner info nobody reads (not logged, no KL to adapt)
+    skip the reduction and its device-to-host transfer."""
+
+    def __init__(self, builder: LearnerInfoBuilder) -> None:
+        self._builder: LearnerInfoBuilder | None = builder
+        self._info: dict[str, dict[str, Any]] = {}
+
+    def _finalized(self) -> dict[str, dict[str, Any]]:
+        if self._builder is not None:
+            self._info, self._builder = self._builder.finalize(), None
+        return self._info
+
+    def __getitem__(self, policy_id: str) -> dict[str, Any]:
+        return self._finalized()[policy_id]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._finalized())
+
+    def __len__(self) -> int:
+        return len(self._finalized())
+
+    def __repr__(self) -> str:
+        return repr(self._finalized())
 
 
 def _collect(tree: Any, out: list[torch.Tensor]) -> None:

@@ -5,6 +5,7 @@ https://arxiv.org/abs/1912.00167)."""
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import torch
@@ -87,7 +88,7 @@ class APPO(IMPALA):
         stats["mean_ratio_to_target"] = masked_mean(ratio.detach(), mask)
         return total_loss, stats
 
-    def on_iteration_end(self, learner_info: dict[str, Any]) -> None:
+    def on_iteration_end(self, learner_info: Mapping[str, Any]) -> None:
         trained = self.global_counters["num_env_steps_trained"]
         if trained - self._last_target_update >= self.target_network_update_freq:
             for pid, target in self.target_policies.items():

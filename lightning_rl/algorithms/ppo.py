@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -107,7 +108,7 @@ class PPO(OnPolicyModule):
             }
         return total_loss, stats
 
-    def on_iteration_end(self, learner_info: dict[str, Any]) -> None:
+    def on_iteration_end(self, learner_info: Mapping[str, Any]) -> None:
         """Adapt the KL coefficient toward ``kl_target`` (paper, section 4), from the mean KL
         over minibatches and DDP ranks, so every rank adapts identically."""
         for policy_id, info in learner_info.items():

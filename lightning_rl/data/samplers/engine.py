@@ -65,14 +65,7 @@ def eval_mode(module: nn.Module) -> Iterator[None]:
     """Run ``module`` in eval mode (Dropout off, BatchNorm reading its running statistics
     without updating them), then give every submodule back the mode it had: acting is eval
     mode everywhere, the learner trains in the modes it set."""
-    training = [m for m in module.modules() if m.training]
-    if training:
-        module.eval()
-    try:
-        yield
-    finally:
-        for m in training:
-            m.training = True
+    yield from _in_mode(module, False)
 
 
 @contextlib.contextmanager
@@ -80,14 +73,30 @@ def train_mode(module: nn.Module) -> Iterator[None]:
     """Run ``module`` in train mode (what computing a gradient away from the learner's training
     step needs: an A3C worker's copy acts in eval mode), then give every submodule back the
     mode it had."""
-    evaluating = [m for m in module.modules() if not m.training]
-    if evaluating:
-        module.train()
+    yield from _in_mode(module, True)
+
+
+def _in_mode(module: nn.Module, mode: bool) -> Iterator[None]:
+    modules = list(module.modules())
+    switched = [m for m in modules if m.training != mode]
+    # Where no class customizes ``train`` or ``__setattr__``, the flag is written straight into
+    # each module's __dict__: what ``Module.train`` ends up doing, without its per-module
+    # attribute checks, which sampling paid twice per iteration.
+    plain = all(type(m).train is nn.Module.train and type(m).__setattr__ is nn.Module.__setattr__ for m in modules)
+    if switched:
+        if plain:
+            for m in switched:
+                m.__dict__["training"] = mode
+        else:
+            module.train(mode)
     try:
         yield
     finally:
-        for m in evaluating:
-            m.training = False
+        for m in switched:
+            if plain:
+                m.__dict__["training"] = not mode
+            else:
+                m.training = not mode
 
 
 def act(policy: nn.Module, obs: Tensor, device: torch.device, explore: bool, generator: torch.Generator | None,
@@ -222,23 +231,27 @@ class EnvSampler:
         (and a recurrent policy's inputs), and ``[N]`` ones the learner bootstraps from:
         ``bootstrap_obs`` (the observation after the last step) and, for a recurrent policy,
         ``bootstrap_<input>`` (its state etc. there)."""
+        # The buffers are made outside inference mode and written inside it: the fragment's
+        # tensors are ordinary ones autograd may save, with no copy out of inference mode.
+        obs_buf = torch.empty((length, *self.obs.shape), dtype=torch.as_tensor(self.obs).dtype)
         with torch.inference_mode():
-            rollout = self._rollout(policy, length)
-        # Outside inference mode: the fragment's tensors become ordinary ones autograd may save.
-        fragment = SampleBatch({k: v.clone() for k, v in rollout.items()})
+            cols, arrays = self._rollout(policy, length, obs_buf)
+        fragment = SampleBatch({SampleBatch.OBS: obs_buf, **{k: torch.stack(v) for k, v in cols.items()},
+                                **{k: torch.from_numpy(v) for k, v in arrays.items()}})
         fragment[SampleBatch.BOOTSTRAP_OBS] = torch.tensor(self.obs)
         for key, value in self.recurrent_inputs().items():
             fragment[BOOTSTRAP + key] = value.clone()
         return fragment
 
-    def _rollout(self, policy: ActingPolicy, T: int) -> dict[str, Tensor]:
+    def _rollout(self, policy: ActingPolicy, T: int,
+                 obs_buf: Tensor) -> tuple[dict[str, list[Tensor]], dict[str, np.ndarray]]:
         N = self.num_envs
-        cols: dict[str, Tensor] = {}
+        # each step's policy outputs (and recurrent inputs) are kept as they come and stacked once
+        cols: dict[str, list[Tensor]] = {}
         rewards = np.empty((T, N), dtype=np.float32)
         terminateds = np.empty((T, N), dtype=bool)
         truncateds = np.empty((T, N), dtype=bool)
         valid = np.empty((T, N), dtype=bool)
-        obs_buf = torch.empty((T, N, *self.obs.shape[1:]), dtype=torch.as_tensor(self.obs).dtype)
         if policy.recurrent and self.recurrent is None:
             self.recurrent = self.initial_recurrent_inputs(policy)
         for t in range(T):
@@ -248,17 +261,14 @@ class EnvSampler:
             inputs = self.recurrent_inputs()
             out = policy.act(obs_buf[t], self.generator, inputs)
             state_out = out.pop(STATE_OUT, None)
-            for key, value in {**out, **inputs}.items():
-                if key not in cols:
-                    cols[key] = torch.empty((T, *value.shape), dtype=value.dtype)
-                cols[key][t] = value
+            for key, value in (out | inputs).items():
+                cols.setdefault(key, []).append(value)
             actions = out[SampleBatch.ACTIONS].cpu()
             _, rewards[t], terminateds[t], truncateds[t], valid[t] = self.step(actions.numpy())
             if policy.recurrent:
                 self._next_recurrent_inputs(state_out.cpu(), actions, rewards[t], valid[t])
-        return {SampleBatch.OBS: obs_buf, **cols, SampleBatch.REWARDS: torch.from_numpy(rewards),
-                SampleBatch.TERMINATEDS: torch.from_numpy(terminateds),
-                SampleBatch.TRUNCATEDS: torch.from_numpy(truncateds), SampleBatch.VALID: torch.from_numpy(valid)}
+        return cols, {SampleBatch.REWARDS: rewards, SampleBatch.TERMINATEDS: terminateds,
+                      SampleBatch.TRUNCATEDS: truncateds, SampleBatch.VALID: valid}
 
     def recurrent_inputs(self) -> dict[str, Tensor]:
         """What a recurrent policy reads besides the observation, per env: its state, whether an
