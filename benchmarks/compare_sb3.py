@@ -183,15 +183,16 @@ class SolveTracker:
 
 
 class OursSolveCallback(pl.Callback):
-    """Feeds each iteration's finished episodes to the tracker, right after sampling."""
+    """Feeds each training step's finished episodes to the tracker (of each of its iterations
+    with ``iterations_per_step``), after the step."""
 
     def __init__(self, tracker: SolveTracker) -> None:
         self.tracker = tracker
 
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
         self.tracker.add(batch.info["episode_returns"])
-        # counters are updated in training_step, after this hook: add this rollout's steps
-        self.tracker.check(pl_module.counters["num_env_steps_sampled"] + batch.env_steps)
+        self.tracker.check(pl_module.counters["num_env_steps_sampled"])
 
 
 class SB3SolveCallback(BaseCallback):

@@ -310,10 +310,11 @@ def build(algo: str, seed: int, steps: int, vectorization: str, threads: int, co
     return build_ours(algo, seed, steps, vectorization, threads, compile)
 
 
-def iteration_env_steps(model: Any) -> int:
+def step_env_steps(model: Any) -> int:
+    """Env steps per Lightning training step (``iterations_per_step`` iterations)."""
     if hasattr(model, "num_gradient_steps"):
         return model.default_datamodule.train_freq * model.num_envs
-    return model.train_batch_size
+    return model.train_batch_size * model.default_datamodule.requested_iterations_per_step
 
 
 def fit(algo: str, seed: int, steps: int, vectorization: str, threads: int, compile: bool,
@@ -329,7 +330,7 @@ def fit(algo: str, seed: int, steps: int, vectorization: str, threads: int, comp
     solve = [OursSolveCallback(SolveTracker(*SOLVE_CRITERIA[algo][::-1]))] if algo in SOLVE_CRITERIA else []
     cadence = {}
     if log_cadence == "full":
-        cadence["log_every_n_steps"] = default_log_every_n_steps(math.ceil(STEPS[algo] / iteration_env_steps(model)))
+        cadence["log_every_n_steps"] = default_log_every_n_steps(math.ceil(STEPS[algo] / step_env_steps(model)))
     trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, callbacks=[*solve, *callbacks(model)],
                          **cadence)
@@ -344,8 +345,12 @@ def fit(algo: str, seed: int, steps: int, vectorization: str, threads: int, comp
 
 def measure_row(algo: str, vectorization: str, compile: bool, steps: int, args: argparse.Namespace) -> dict[str, Any]:
     probe = Probe(vectorization, args.seed, args.piece_seconds)
-    fit(algo, args.seed, steps, vectorization, args.threads, compile, lambda model: [probe],
-        log_cadence=args.log_cadence)
+
+    def probing(model: Any) -> list[Probe]:
+        model.default_datamodule.requested_iterations_per_step = 1  # the probe reads each iteration's batch
+        return [probe]
+
+    fit(algo, args.seed, steps, vectorization, args.threads, compile, probing, log_cadence=args.log_cadence)
     if probe.result is None:
         raise RuntimeError(f"{algo}: the probe fit ended before its steady state; raise --steps-scale")
     p = probe.result
@@ -381,6 +386,7 @@ def measure_row(algo: str, vectorization: str, compile: bool, steps: int, args: 
         "algo": algo, "vectorization": vectorization, "resolved": resolve_vectorization(model.env_spec, vectorization),
         "compile": compile, "compiled": p["compiled"], "env_steps_per_iteration": per_iter, "updates": p["updates"],
         "log_every_n_steps": model.trainer.log_every_n_steps,
+        "iterations_per_step": model.default_datamodule.iterations_per_step,
         "env_steps_per_s": a, "act_steps_per_s": b, "forward_steps_per_s": 1 / p["forward_s_per_step"],
         "update_steps_per_s": c, "limit_steps_per_s": limit, "update_us_per_iteration": p["update_s"] * 1e6,
         "fit_env_steps": total_steps, "fit_s": wall, "fit_steps_per_s": total_steps / wall,
@@ -405,8 +411,8 @@ def print_rows(algo: str, steps: int, rows: list[dict[str, Any]]) -> None:
     first = rows[0]
     env = ATARI_GAME if algo == ATARI else ENV_IDS[algo]
     print(f"\n== {algo.upper()} on {env}: {first['env_steps_per_iteration']} env steps and {first['updates']} "
-          f"update(s) per iteration; fit of {steps:,} env steps, logging every {first['log_every_n_steps']} "
-          "iterations ==")
+          f"update(s) per iteration, {first['iterations_per_step']} iteration(s) per training step; fit of "
+          f"{steps:,} env steps, logging every {first['log_every_n_steps']} training steps ==")
     print(f"{'':<28}{'apart, env steps/s':-^45} {'fit, env steps/s':-^40}  {'% of the steady fit':-^36} "
           f"{'rest, µs/iteration':-^30}")
     shares = "".join(f"{k:>6}" for k in ("env", "act", "upd", "smp+", "lrn+", "loop"))

@@ -30,7 +30,7 @@ class Batches(pl.Callback):
         self.batches, self.infos = [], []
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self.batches.append(batch)
+        self.batches.extend(getattr(batch, "batches", [batch]))  # A2C: an IterationStream's iterations
         self.infos.append(outputs["learner_info"])
 
 

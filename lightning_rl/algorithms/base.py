@@ -12,7 +12,7 @@ from __future__ import annotations
 import multiprocessing.context
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -34,14 +34,14 @@ from lightning_rl.checkpoint import (
     restore_algorithm_state,
 )
 from lightning_rl.counters import count_iteration, new_counters, summed_over_ranks
-from lightning_rl.data.base import EnvDataModule, lightning_seed, new_generator, rank_seed
+from lightning_rl.data.base import EnvDataModule, IterationStream, lightning_seed, new_generator, rank_seed
 from lightning_rl.data.envs import EnvSpec, env_spec
 from lightning_rl.data.multi_agent import is_multi_agent_env
 from lightning_rl.distributed import bypass_ddp_gradient_sync, multiprocessing_refused
 from lightning_rl.evaluation import DEFAULT_MAX_EPISODE_STEPS, EpisodeEnds, EvaluationHooks
 from lightning_rl.functional import piecewise_linear
 from lightning_rl.inference import ActionAPI
-from lightning_rl.learner_info import LearnerInfoBuilder
+from lightning_rl.learner_info import LazyLearnerInfo, LearnerInfoBuilder
 from lightning_rl.nn.encoders import Activation, EncoderSpec
 from lightning_rl.policies import Policies, PolicyMapping
 from lightning_rl.process import ProcessSettings
@@ -246,13 +246,28 @@ class Algorithm(ActionAPI, EvaluationHooks, pl.LightningModule, metaclass=Algori
             self._default_datamodule_active = False
 
     # ---------------------------------------------------------------- learning
-    def training_step(self, batch: MultiAgentBatch, batch_idx: int) -> dict[str, Any]:
+    def training_step(self, batch: MultiAgentBatch | IterationStream, batch_idx: int) -> dict[str, Any]:
+        if not isinstance(batch, IterationStream):
+            return self.training_iteration(batch)
+        # iterations_per_step: each iteration's batch is sampled after the previous update
+        learn_time_s, output = 0.0, {}
+        move = self.device != batch.datamodule.sampling_device  # as Lightning moves a batch of its own
+        for one in batch:
+            output = self.training_iteration(self.transfer_batch_to_device(one, self.device, 0) if move else one)
+            learn_time_s += output["learn_time_s"]
+            if self.trainer.should_stop or 0 < self.trainer.max_steps <= self.trainer.global_step:
+                break
+        return {**output, "learn_time_s": learn_time_s}
+
+    def training_iteration(self, batch: MultiAgentBatch) -> dict[str, Any]:
+        """One training iteration: post-process the batch, learn on it, count it; stops ``fit``
+        when the budget is spent."""
         start = time.perf_counter()
         bypass_ddp_gradient_sync(self.trainer)
         batch = self.postprocess(batch.as_multi_agent())
         builder = LearnerInfoBuilder()
         trained = self.learn_on_batch(batch, builder)
-        learner_info = builder.finalize()
+        learner_info = LazyLearnerInfo(builder)
         check_updates(self._update_steps.values(), learner_info, self)
         self.policies.version += 1
         count_iteration(self.counters, batch, trained, self.multi_agent)
@@ -274,7 +289,7 @@ class Algorithm(ActionAPI, EvaluationHooks, pl.LightningModule, metaclass=Algori
         ``num_env_steps_trained``)."""
         raise NotImplementedError
 
-    def on_iteration_end(self, learner_info: dict[str, Any]) -> None:
+    def on_iteration_end(self, learner_info: Mapping[str, Any]) -> None:
         """Per-iteration updates after learning, with the global counters of this iteration."""
 
     def update_step(self, name: str, params: dict[str, nn.Parameter], optimizer: Any, loss_fn: LossFn,

@@ -74,9 +74,11 @@ class OnPolicyModule(ActorCriticSettings, RecurrentSettings, Algorithm):
         observation_clip: float | None = 10.0,
         normalize_rewards: bool = False,
         reward_clip: float | None = 10.0,
+        iterations_per_step: int = 1,
         **settings: Any,
     ) -> None:
         super().__init__(**settings)
+        check_positive(iterations_per_step=iterations_per_step)
         if count_steps_by not in ("env_steps", "agent_steps"):
             raise ValueError(f"count_steps_by must be 'env_steps' or 'agent_steps', got {count_steps_by!r}")
         if count_steps_by == "agent_steps":
@@ -95,6 +97,8 @@ class OnPolicyModule(ActorCriticSettings, RecurrentSettings, Algorithm):
                 self.iterations_per_epoch, sampling_device, self.check_finite,
                 return_discount=self.gamma if normalize_rewards else None,
             )
+        self.iterations_per_step = int(iterations_per_step)
+        self.default_datamodule.requested_iterations_per_step = self.iterations_per_step
         check_positive(num_sgd_iter=num_sgd_iter, sgd_minibatch_size=sgd_minibatch_size)
         self.train_batch_size = self.default_datamodule.train_batch_size
         if sgd_minibatch_size is not None and sgd_minibatch_size > self.train_batch_size:

@@ -72,20 +72,22 @@ class RolloutMetricsCallback(pl.Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        info = getattr(batch, "info", {})
-        returns = info.get("episode_returns", [])
-        self.returns.extend(returns)
-        self.lengths.extend(info.get("episode_lengths", []))
-        for per_policy in info.get("policy_returns", []):
-            for policy_id, value in per_policy.items():
-                self.policy_returns.setdefault(policy_id, deque(maxlen=self.window)).append(value)
-        self._episodes += len(returns)
-        self._sample_s += info.get("sample_time_s", 0.0)
+        # an IterationStream (iterations_per_step > 1) holds the infos of several iterations
+        infos = getattr(batch, "infos", None)
+        for info in [getattr(batch, "info", {})] if infos is None else infos:
+            returns = info.get("episode_returns", [])
+            self.returns.extend(returns)
+            self.lengths.extend(info.get("episode_lengths", []))
+            for per_policy in info.get("policy_returns", []):
+                for policy_id, value in per_policy.items():
+                    self.policy_returns.setdefault(policy_id, deque(maxlen=self.window)).append(value)
+            self._episodes += len(returns)
+            self._sample_s += info.get("sample_time_s", 0.0)
+            self._iterations += 1
+            for key, value in info.get("perf", {}).items():  # sampler figures (async sampling): mean, or max
+                total, count = self._perf.get(key, (0.0, 0))
+                self._perf[key] = (max(total, value), 1) if key.endswith("_max") else (total + value, count + 1)
         self._learn_s += outputs.get("learn_time_s", 0.0) if outputs else 0.0
-        self._iterations += 1
-        for key, value in info.get("perf", {}).items():  # sampler figures (async sampling): mean, or max
-            total, count = self._perf.get(key, (0.0, 0))
-            self._perf[key] = (max(total, value), 1) if key.endswith("_max") else (total + value, count + 1)
         if not should_log(trainer, batch_idx):
             return
         metrics: dict[str, float] = {}

@@ -19,7 +19,8 @@ from lightning_rl.checkpoint import pack_rank_states, unpack_rank_state
 from lightning_rl.data.envs import EnvSpec, resolve_vectorization
 from lightning_rl.data.samplers.engine import EnvSampler, eval_mode, new_generator, policy_state, rank_seed
 
-__all__ = ["EnvDataModule", "eval_mode", "lightning_seed", "new_generator", "policy_state", "rank_seed"]
+__all__ = ["EnvDataModule", "IterationStream", "eval_mode", "lightning_seed", "new_generator", "policy_state",
+           "rank_seed"]
 
 if TYPE_CHECKING:
     from lightning_rl.algorithms.base import Algorithm
@@ -32,22 +33,70 @@ def lightning_seed() -> int | None:
     return int(value) if value else None
 
 
+class IterationStream:
+    """The batches of ``count`` training iterations, each sampled only when the training step
+    asks for the next, after it learned on the previous one (so each is acted by the policies as
+    the last update left them, as with one iteration per step). What one Lightning training step
+    learns on when ``iterations_per_step > 1``: Lightning's per-step loop and hooks are paid once
+    for all of them. What a callback's ``batch`` is then: ``batches`` holds each iteration's
+    ``MultiAgentBatch`` as it was sampled (and post-processed), ``infos`` their ``info``s and
+    ``info`` those merged."""
+
+    def __init__(self, datamodule: EnvDataModule, count: int) -> None:
+        self.datamodule, self.count = datamodule, count
+        self.batches: list[MultiAgentBatch] = []
+        self.infos: list[dict[str, Any]] = []
+
+    def __iter__(self) -> Iterator[MultiAgentBatch]:
+        for _ in range(self.count):
+            batch = self.datamodule.sample_iteration()
+            self.batches.append(batch)
+            self.infos.append(batch.info)
+            yield batch
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise AttributeError(
+            f"a training step's batch is an IterationStream of up to {self.count} iterations "
+            f"(iterations_per_step={self.datamodule.iterations_per_step}), which has no {name!r}: read .batches "
+            "(each iteration's MultiAgentBatch), .infos or .info, or set iterations_per_step=1")
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """The infos of the iterations sampled so far as one (what a callback reads of a batch's
+        ``info`` after the step): lists joined (the episodes that ended), numbers summed (sampling
+        time), anything else the last iteration's."""
+        merged: dict[str, Any] = {}
+        for info in self.infos:
+            for key, value in info.items():
+                if key in merged and isinstance(value, list):
+                    merged[key] = merged[key] + value
+                elif key in merged and isinstance(value, (int, float)) and not isinstance(value, bool):
+                    merged[key] = merged[key] + value
+                else:
+                    merged[key] = value
+        return merged
+
+
 class _Iterations(IterableDataset):
-    """``iterations_per_epoch`` batches per epoch; env state carries across epochs."""
+    """``iterations_per_epoch`` iterations per epoch, one batch per Lightning step (or an
+    ``IterationStream`` of up to ``iterations_per_step``); env state carries across epochs."""
 
     def __init__(self, datamodule: EnvDataModule) -> None:
         self.datamodule = datamodule
 
     def __len__(self) -> int:
-        return self.datamodule.iterations_per_epoch
+        return -(-self.datamodule.iterations_per_epoch // self.datamodule.iterations_per_step)
 
-    def __iter__(self) -> Iterator[MultiAgentBatch]:
-        for _ in range(len(self)):
-            # Sampling acts with the learner's own policies (when on its device): in eval mode,
-            # value estimates for bootstrapping included; training then runs in its own modes.
-            with eval_mode(self.datamodule.module.policies):
-                batch = self.datamodule.sample()
-            yield batch
+    def __iter__(self) -> Iterator[MultiAgentBatch | IterationStream]:
+        dm = self.datamodule
+        for step in range(len(self)):
+            if dm.iterations_per_step == 1:
+                yield dm.sample_iteration()
+            else:
+                yield IterationStream(dm, min(dm.iterations_per_step,
+                                              dm.iterations_per_epoch - step * dm.iterations_per_step))
 
 
 class EnvDataModule(pl.LightningDataModule):
@@ -125,6 +174,28 @@ class EnvDataModule(pl.LightningDataModule):
     def starts(self) -> int:
         """``learning_starts``, waived in a dev run (``fast_dev_run``)."""
         return 0 if self.dev_run else self.learning_starts
+
+    # training iterations per Lightning training step (an ``IterationStream`` when above 1): set
+    # by the algorithm that builds this DataModule (its ``iterations_per_step`` setting)
+    requested_iterations_per_step: int = 1
+
+    @property
+    def iterations_per_step(self) -> int:
+        """``requested_iterations_per_step``, or 1 where the Trainer counts batches as iterations
+        (``fast_dev_run``, ``limit_train_batches`` of less than the whole epoch,
+        ``val_check_interval`` as a count): those flags keep meaning iterations."""
+        trainer = self.trainer
+        if self.requested_iterations_per_step > 1 and trainer is not None and (
+                trainer.fast_dev_run or trainer.limit_train_batches != 1.0
+                or isinstance(trainer.val_check_interval, int)):
+            return 1
+        return self.requested_iterations_per_step
+
+    def sample_iteration(self) -> MultiAgentBatch:
+        """One iteration's batch, acted by the learner's own policies (when on its device) in eval
+        mode, value estimates for bootstrapping included; training then runs in its own modes."""
+        with eval_mode(self.module.policies):
+            return self.sample()
 
     def connect(self, module: Algorithm) -> None:
         """The one door through which the DataModule learns the policy it samples with."""
