@@ -9,7 +9,7 @@ MODE ``check``: a few iterations of PPO CartPole (with an adaptive KL coefficien
 ``dqn_frames`` (DQN on stacked uint8 frames, stored once per step in a replay that wraps),
 ``apex_frames`` (APEX on them, a worker per rank shipping packets of frames to a packed replay),
 ``sac``, ``td3``, ``a2c``, ``impala``, ``appo``, ``apex``: the other algorithms (the async ones with a
-sampler worker per rank); ``resume-ALGO-PHASE`` (ALGO ``ppo``/``dqn``/``apex``, PHASE
+sampler worker per rank); ``resume-ALGO-PHASE`` (ALGO ``ppo``/``dqn``/``apex``/``ma_ppo``/``td3``, PHASE
 ``full``: 8192 global env steps, ``first``: the first 4096 then a checkpoint in OUT_DIR,
 ``second``: resume from that checkpoint to 8192); ``envpool``: PPO CartPole on envpool's envs
 (``vectorization="envpool"``), each rank its own pool.
@@ -122,6 +122,10 @@ RESUME = {
     "apex": (APEX, dict(env="CartPole-v1", num_workers=0, num_envs=4, rollout_fragment_length=16,
                         learning_starts=256, num_gradient_steps=4, train_batch_size=32, buffer_size=3000,
                         hiddens=(32,), target_network_update_freq=512, iterations_per_epoch=16)),
+    # each rank's replay, envs and Ornstein-Uhlenbeck process resume; the actor steps every 2nd update
+    "td3": (TD3, dict(env="Pendulum-v1", num_envs=4, learning_starts=256, train_freq=32, num_gradient_steps=4,
+                      train_batch_size=32, buffer_size=3000, hiddens=(32,), action_noise="ornstein-uhlenbeck",
+                      iterations_per_epoch=8)),
 }
 
 

@@ -249,7 +249,7 @@ def test_recurrent_ppo_takes_the_same_steps_on_both_ranks(tmp_path, mode, update
     assert r0["counters"]["num_grad_updates"] == r1["counters"]["num_grad_updates"] == updates
 
 
-@pytest.fixture(scope="module", params=["ppo", "dqn", "apex", "ma_ppo"])
+@pytest.fixture(scope="module", params=["ppo", "dqn", "apex", "ma_ppo", "td3"])
 def resumed_runs(request, tmp_path_factory):
     algo = request.param
     full = run_ddp(tmp_path_factory.mktemp(f"{algo}_full"), f"resume-{algo}-full", timeout=300)

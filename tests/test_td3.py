@@ -53,7 +53,9 @@ def test_ornstein_uhlenbeck_step_and_process():
     draws = torch.stack([noise(torch.Size([4, 2]), generator, torch.device("cpu")) for _ in range(500)])
     steps = draws[1:] - draws[:-1] * (1 - 0.15 * 0.01)  # what is left of each step is the Gaussian part
     assert abs(steps.std().item() - 0.3 * 0.1) < 0.003
+    last = noise.states[(4, 2)].clone()
     assert noise(torch.Size([1, 2]), generator, torch.device("cpu")).abs().max() < 0.2  # another batch: from zero
+    assert torch.equal(noise.states[(4, 2)], last)  # ... and the first one's process left alone
 
 
 # --------------------------------------------------------------------------- the update by value
@@ -172,7 +174,8 @@ def test_td3_resume_is_exact(tmp_path, action_noise):
     assert resumed.counters == straight.counters and straight.counters["num_grad_updates"] > 40
     torch.testing.assert_close(weights(resumed), weights(straight), rtol=0, atol=0)
     if action_noise == "ornstein-uhlenbeck":
-        torch.testing.assert_close(resumed.noise.state, straight.noise.state, rtol=0, atol=0)
+        assert list(resumed.noise.states) == [(1, 1)]  # Pendulum: one env, one action
+        torch.testing.assert_close(resumed.noise.states[(1, 1)], straight.noise.states[(1, 1)], rtol=0, atol=0)
     checkpoint = torch.load(tmp_path / "half.ckpt", weights_only=True)
     assert checkpoint["lightning_rl"]["algorithm"] == "lightning_rl.algorithms.td3.TD3"
     assert checkpoint["lightning_rl"]["datamodule"]["ranks"][0]["buffer"] is not None  # the replay, as SAC's

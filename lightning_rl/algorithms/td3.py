@@ -172,7 +172,8 @@ class TD3(OffPolicyModule):
         super().on_save_checkpoint(checkpoint)
         if isinstance(self.noise, OrnsteinUhlenbeckNoise):
             interrupted = self._trainer is not None and self.trainer.state.status == TrainerStatus.INTERRUPTED
-            checkpoint["lightning_rl"]["action_noise"] = pack_rank_states({"state": self.noise.state}, interrupted)
+            states = list(self.noise.states.values())  # each tensor's shape is its key
+            checkpoint["lightning_rl"]["action_noise"] = pack_rank_states({"states": states}, interrupted)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_load_checkpoint(checkpoint)
@@ -181,7 +182,7 @@ class TD3(OffPolicyModule):
             rank, size = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
             mine = unpack_rank_state(checkpoint.get("lightning_rl", {}).get("action_noise"), rank, size,
                                      "exploration noise", warn=False)
-            self.noise.state = None if mine is None else mine["state"]
+            self.noise.states = {} if mine is None else {tuple(t.shape): t for t in mine["states"]}
 
 
 class DDPG(TD3):

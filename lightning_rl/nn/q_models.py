@@ -160,22 +160,21 @@ class TwinQ(nn.Module):
 class OrnsteinUhlenbeckNoise:
     """Temporally correlated exploration noise, one process per env (Uhlenbeck & Ornstein 1930, as
     DDPG's paper explores): ``x <- x - theta * x * dt + sigma * sqrt(dt) * N(0, 1)``, from zero.
-    The process runs on across episode ends. Its state is per DDP rank (``state``, saved in
+    The process runs on across episode ends. Its state is per DDP rank (``states``, saved in
     checkpoints by TD3)."""
 
     def __init__(self, sigma: float, theta: float = 0.15, dt: float = 1e-2) -> None:
         self.sigma, self.theta, self.dt = sigma, theta, dt
-        self.state: Tensor | None = None
+        self.states: dict[tuple[int, ...], Tensor] = {}  # by batch shape: the sampler's, predict's ...
 
     def __call__(self, shape: torch.Size, generator: torch.Generator | None, device: torch.device) -> Tensor:
-        """The next ``[N, dim]`` noise; a batch of another shape (``predict`` on one observation)
-        starts a process of its own from zero."""
-        if self.state is None or self.state.shape != shape:
-            self.state = torch.zeros(shape, device=device)
-        self.state = self.state.to(device)
+        """The next ``[N, dim]`` noise. Each batch shape has a process of its own (``predict`` on one
+        observation leaves the sampler's ``[num_envs, dim]`` process alone)."""
+        state = self.states.get(tuple(shape))
+        state = torch.zeros(shape, device=device) if state is None else state.to(device)
         gaussian = torch.randn(shape, generator=generator, device=device)
-        self.state = ornstein_uhlenbeck_step(self.state, gaussian, self.sigma, self.theta, self.dt)
-        return self.state
+        self.states[tuple(shape)] = ornstein_uhlenbeck_step(state, gaussian, self.sigma, self.theta, self.dt)
+        return self.states[tuple(shape)]
 
 
 class DeterministicActor(nn.Module):
