@@ -13,13 +13,8 @@ import torch
 
 from lightning_rl.batch import MultiAgentBatch, SampleBatch
 from lightning_rl.data.base import rank_seed
-from lightning_rl.data.buffers.replay_buffer import (
-    NStepWindows,
-    TransitionReplayBuffer,
-    check_checkpoint_replay_setting,
-    check_replay_settings,
-    keeps_replay,
-)
+from lightning_rl.data.buffers.replay_buffer import check_checkpoint_replay_setting, check_replay_settings, keeps_replay
+from lightning_rl.data.buffers.transitions import NStepWindows, TransitionReplayBuffer
 from lightning_rl.data.multi_agent import MultiAgentEnvDataModule
 from lightning_rl.data.samplers.engine import ExploringPolicy
 

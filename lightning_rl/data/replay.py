@@ -10,13 +10,9 @@ import torch
 from lightning_rl.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
 from lightning_rl.data.base import EnvDataModule, rank_seed
 from lightning_rl.data.buffers.frames import check_frame_stack_setting, use_frame_storage
-from lightning_rl.data.buffers.replay_buffer import (
-    PrioritizedReplayBuffer,
-    ReplayBuffer,
-    check_checkpoint_replay_setting,
-    check_replay_settings,
-    keeps_replay,
-)
+from lightning_rl.data.buffers.prioritized import PrioritizedReplayBuffer
+from lightning_rl.data.buffers.replay_buffer import check_checkpoint_replay_setting, check_replay_settings, keeps_replay
+from lightning_rl.data.buffers.ring import ReplayBuffer
 from lightning_rl.data.envs import EnvSpec
 from lightning_rl.data.samplers.engine import ExploringPolicy
 

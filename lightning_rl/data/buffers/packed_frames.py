@@ -26,8 +26,9 @@ import numpy as np
 import torch
 
 from lightning_rl.batch import SampleBatch
+from lightning_rl.data.buffers.arrays import _as_numpy
 from lightning_rl.data.buffers.frames import frame_stack_problem
-from lightning_rl.data.buffers.replay_buffer import TransitionReplayBuffer, _as_numpy
+from lightning_rl.data.buffers.transitions import TransitionReplayBuffer
 
 __all__ = ["FRAMES", "NEXT_OBS_FRAMES", "OBS_FRAMES", "PackedFrameReplayBuffer", "concat_packets",
            "frame_capacity_for", "frames_per_transition", "pack_frames"]
