@@ -24,7 +24,7 @@ from pytorch_lightning.utilities.exceptions import SIGTERMException
 from torch.utils.data import DataLoader
 
 from lightning_rl.batch import DEFAULT_POLICY_ID
-from lightning_rl.data.envs import EnvSpec, make_env
+from lightning_rl.data.envs.make import EnvSpec, make_env
 from lightning_rl.data.samplers.engine import EnvSampler
 from lightning_rl.inference import Acting
 

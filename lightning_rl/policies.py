@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_rl.batch import DEFAULT_POLICY_ID, EPISODE_STARTS, PREV_ACTIONS, PREV_REWARDS, STATE_IN, STATE_OUT
-from lightning_rl.data.envs import EnvSpec, env_spaces
+from lightning_rl.data.envs.make import EnvSpec
 from lightning_rl.data.envs.pettingzoo import agent_spaces, policy_spaces
 from lightning_rl.data.envs.spaces import (
     flatten_observation,
@@ -25,6 +25,7 @@ from lightning_rl.data.envs.spaces import (
     is_raw_observation,
     is_structured,
 )
+from lightning_rl.data.envs.vector import env_spaces
 from lightning_rl.data.samplers.engine import policy_state
 
 # agent id -> policy id: any callable, or a table (plain data, so checkpoints and YAML hold it)

@@ -375,3 +375,25 @@ def test_restoring_into_different_envs_names_the_path(other: str, num_envs: int,
     with pytest.raises(ValueError, match=where):
         restore_env_state(fresh, through_checkpoint(capture_env_state(cartpoles)))
 
+
+
+def _types(state: Any) -> set[str]:
+    if isinstance(state, dict):
+        found = {state["type"]} if isinstance(state.get("type"), str) else set()
+        return found.union(*(_types(v) for v in state.values()))
+    if isinstance(state, list | tuple):
+        return set().union(*(_types(v) for v in state))
+    return set()
+
+
+def test_the_type_names_a_state_records_keep_their_paths_of_0_1_0() -> None:
+    """A state records the class of every object it captures, and restoring compares it with the
+    fresh env's: ``EpisodeStatistics`` and ``GymMake`` (in the state of every vector env, and of
+    an env given ``env_kwargs``) are named by the path a checkpoint of 0.1.0 holds, wherever in
+    ``data/envs/`` they are defined."""
+    from lightning_rl.data.envs import GymMake
+
+    envs = make_vector_env(GymMake("CartPole-v1", {"max_episode_steps": 50}), 2, "sync")
+    envs.reset(seed=0)
+    names = {t for t in _types(capture_env_state(envs)) if t.startswith("lightning_rl.")}
+    assert names == {"lightning_rl.data.envs.EpisodeStatistics", "lightning_rl.data.envs.GymMake"}

@@ -13,7 +13,7 @@ from lightning_rl.data.buffers.frames import check_frame_stack_setting, use_fram
 from lightning_rl.data.buffers.prioritized import PrioritizedReplayBuffer
 from lightning_rl.data.buffers.replay_buffer import check_checkpoint_replay_setting, check_replay_settings, keeps_replay
 from lightning_rl.data.buffers.ring import ReplayBuffer
-from lightning_rl.data.envs import EnvSpec
+from lightning_rl.data.envs.make import EnvSpec
 from lightning_rl.data.samplers.engine import ExploringPolicy
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from lightning_rl.data.envs import GymMake
+from lightning_rl.data.envs.make import GymMake
 
 __all__ = ["agent_spaces", "is_multi_agent_env", "make_parallel_env", "policy_spaces"]
 

@@ -17,7 +17,7 @@ import torch
 import torch.multiprocessing as mp
 from torch import nn
 
-from lightning_rl.data.envs import describe_exit_code, stop_processes
+from lightning_rl.data.envs.faults import describe_exit_code, stop_processes
 from lightning_rl.data.samplers.engine import policy_state
 from lightning_rl.data.workers.pool import Fragment, PoolSpec, Received, WorkerPool
 from lightning_rl.data.workers.worker import SamplerWorker
