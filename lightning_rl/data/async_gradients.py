@@ -17,11 +17,12 @@ import torch
 from torch import nn
 
 from lightning_rl.batch import MultiAgentBatch, SampleBatch
-from lightning_rl.data.async_sampling import POLICY_VERSION, AsyncSamplingDataModule, FragmentTask
-from lightning_rl.data.envs import EnvSpec
+from lightning_rl.data.async_sampling import POLICY_VERSION, AsyncSamplingDataModule
+from lightning_rl.data.envs.make import EnvSpec
 from lightning_rl.data.rollout import RolloutDataModule
 from lightning_rl.data.samplers.engine import eval_mode, train_mode
 from lightning_rl.data.workers import Fragment
+from lightning_rl.data.workers.task import FragmentTask
 from lightning_rl.functional import a2c_loss, gae_batch
 
 __all__ = ["GRADS", "A3CDataModule", "GradientTask"]

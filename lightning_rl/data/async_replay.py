@@ -20,7 +20,7 @@ from torch import nn
 
 from lightning_rl.batch import MultiAgentBatch, SampleBatch
 from lightning_rl.checkpoint import pack_rank_states, unpack_rank_state
-from lightning_rl.data.async_sampling import POLICY_VERSION, AsyncSamplingDataModule, FragmentTask
+from lightning_rl.data.async_sampling import POLICY_VERSION, AsyncSamplingDataModule
 from lightning_rl.data.base import rank_seed
 from lightning_rl.data.buffers.frames import check_frame_stack_setting, frame_stack_problem, use_frame_storage
 from lightning_rl.data.buffers.packed_frames import (
@@ -32,17 +32,15 @@ from lightning_rl.data.buffers.packed_frames import (
     frame_capacity_for,
     pack_frames,
 )
-from lightning_rl.data.buffers.replay_buffer import (
-    NStepWindows,
-    ReplayBuffer,
-    TransitionReplayBuffer,
-    check_checkpoint_replay_setting,
-    keeps_replay,
-)
+from lightning_rl.data.buffers.replay_buffer import check_checkpoint_replay_setting, keeps_replay
+from lightning_rl.data.buffers.ring import ReplayBuffer
 from lightning_rl.data.buffers.sum_tree import ProportionalPriorities
-from lightning_rl.data.envs import EnvSpec, make_vector_env
+from lightning_rl.data.buffers.transitions import NStepWindows, TransitionReplayBuffer
+from lightning_rl.data.envs.make import EnvSpec
+from lightning_rl.data.envs.vector import make_vector_env
 from lightning_rl.data.rollout import RolloutDataModule
 from lightning_rl.data.workers import Fragment
+from lightning_rl.data.workers.task import FragmentTask
 from lightning_rl.functional import double_q_target
 
 __all__ = ["ApexDataModule", "NStepPriorityTask", "worker_epsilons"]

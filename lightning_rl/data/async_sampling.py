@@ -48,30 +48,21 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
-from lightning_rl.batch import (
-    BOOTSTRAP,
-    DEFAULT_POLICY_ID,
-    EPISODE_STARTS,
-    PREV_ACTIONS,
-    PREV_REWARDS,
-    STATE_IN,
-    STATE_OUT,
-    MultiAgentBatch,
-    SampleBatch,
-)
+from lightning_rl.batch import BOOTSTRAP, DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
 from lightning_rl.data.base import EnvDataModule, rank_seed
-from lightning_rl.data.envs import EnvSpec, make_vector_env
+from lightning_rl.data.envs.make import EnvSpec
+from lightning_rl.data.envs.vector import make_vector_env
 from lightning_rl.data.multi_agent import MultiAgentEnvDataModule
 from lightning_rl.data.rollout import RolloutDataModule
-from lightning_rl.data.samplers.engine import EnvSampler, ExploringPolicy
+from lightning_rl.data.samplers.engine import ExploringPolicy
 from lightning_rl.data.samplers.multi_agent import MultiAgentFragmentSampler, split_policy_columns
 from lightning_rl.data.workers import BACKENDS, Fragment, PoolSpec, WorkerPool, sample_fragment
 from lightning_rl.data.workers.processes import ProcessPool
-from lightning_rl.data.workers.worker import acting_policy
+from lightning_rl.data.workers.task import FragmentTask, _fragment_columns  # noqa: F401  (importable from here)
+from lightning_rl.data.workers.worker import _open_multi_agent_sampler, _open_sampler
 
 __all__ = ["AsyncSamplingDataModule", "MinibatchBuffer"]
 
@@ -101,55 +92,6 @@ class MinibatchBuffer:
         self.ttl[i] -= 1
         self.index = (i + 1) % self.size
         return self.batches[i], new
-
-
-class FragmentTask:
-    """What a sampler worker makes of each fragment it samples and ships to the learner (in its
-    slot, or through Ray's object store): for IMPALA and APPO the fragment itself. Subclasses turn
-    it into other things (APEX: prioritized n-step transitions; A3C: a gradient). Runs in the
-    worker; built in the learner process, so it must pickle (the spawn start method, Ray)."""
-
-    def exploration(self) -> dict[str, Any]:
-        """Keyword arguments of the worker's exploring ``compute_actions``."""
-        return {}
-
-    def columns(self, policy: nn.Module, sampler: RolloutDataModule) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-        """Shapes and dtypes of a slot's tensors (learner side, before the workers start)."""
-        if isinstance(sampler.sampler, MultiAgentFragmentSampler):
-            return sampler.sampler.fragment_columns(acting_policy(policy, self.exploration()))
-        return _fragment_columns(policy, sampler)
-
-    def make(self, policy: nn.Module, rollout: dict[str, torch.Tensor], valid: torch.Tensor,
-             bootstrap_obs: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-        """``(tensors for the slot, a small picklable extra)`` from one time-major fragment
-        (``rollout`` ``[T, N]`` columns, ``valid`` ``[T, N]``, ``bootstrap_obs`` ``[N, ...]``).
-        Tensors shorter than their slot's first dimension fill its first rows (the extra then
-        says how many: ``count``, and ``counts: {column: rows}`` for columns of other lengths)."""
-        return {**rollout, VALID: valid, BOOTSTRAP_OBS: bootstrap_obs}, {}
-
-
-def _fragment_columns(policy: nn.Module, dm: RolloutDataModule) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-    """Shapes and dtypes of a fragment's columns, from one probe of the policy (learner side)."""
-    T, N = dm.rollout_fragment_length, dm.num_envs
-    space = dm.module.observation_space
-    obs = torch.as_tensor(np.stack([np.asarray(space.sample()) for _ in range(N)]))
-    with torch.inference_mode():
-        out = policy.compute_actions(obs, explore=True, generator=torch.Generator().manual_seed(0))
-    cols = {SampleBatch.OBS: ((T, N, *obs.shape[1:]), obs.dtype)}
-    cols.update({k: ((T, *v.shape), v.dtype) for k, v in out.items() if k != STATE_OUT})
-    if getattr(policy, "recurrent", False):  # its inputs, per step and after the fragment (the bootstrap step)
-        action = cols[SampleBatch.ACTIONS]
-        inputs = {STATE_IN: ((N, policy.state_size), torch.float32), EPISODE_STARTS: ((N,), torch.bool),
-                  PREV_ACTIONS: (action[0][1:], action[1]), PREV_REWARDS: ((N,), torch.float32)}
-        for key, (shape, dtype) in inputs.items():
-            cols[key] = ((T, *shape), dtype)
-            cols[BOOTSTRAP + key] = (shape, dtype)
-    cols[SampleBatch.REWARDS] = ((T, N), torch.float32)
-    cols[SampleBatch.TERMINATEDS] = ((T, N), torch.bool)
-    cols[SampleBatch.TRUNCATEDS] = ((T, N), torch.bool)
-    cols[VALID] = ((T, N), torch.bool)
-    cols[BOOTSTRAP_OBS] = ((N, *obs.shape[1:]), obs.dtype)
-    return cols
 
 
 class AsyncSamplingDataModule(EnvDataModule):
@@ -558,26 +500,6 @@ class AsyncSamplingDataModule(EnvDataModule):
 
 def _cpu_copy(policy: nn.Module) -> nn.Module:
     return copy.deepcopy(policy).cpu().eval()
-
-
-def _open_sampler(env: EnvSpec, num_envs: int, vectorization: str, check_finite: bool,
-                  seed: int | None) -> EnvSampler:
-    """A worker's sampling engine, its envs reset (env ``j`` seeded ``seed + j``)."""
-    sampler = EnvSampler(env, num_envs, vectorization, seed, "cpu", check_finite)
-    sampler.open()
-    sampler.reset(seed)
-    return sampler
-
-
-def _open_multi_agent_sampler(env: Any, policy_mapping_fn: Callable[[str], str], policy_agents: dict[str, list[str]],
-                              policy_spaces: dict[str, tuple[Any, Any]], num_envs: int, rollout_fragment_length: int,
-                              check_finite: bool, seed: int | None) -> MultiAgentFragmentSampler:
-    """A worker's multi-agent sampling engine, its envs reset (env ``i`` seeded ``seed + i``)."""
-    sampler = MultiAgentFragmentSampler(env, policy_mapping_fn, policy_agents, policy_spaces, num_envs,
-                                        rollout_fragment_length, seed, check_finite)
-    sampler.open()
-    sampler.reset(seed)
-    return sampler
 
 
 def check_backend(backend: str, address: str | None, num_cpus: float | None, resources: dict[str, float] | None,

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
-    from lightning_rl.data.async_sampling import FragmentTask
+    from lightning_rl.data.workers.task import FragmentTask
 
 BACKENDS = ("processes", "ray")
 

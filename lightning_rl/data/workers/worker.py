@@ -1,32 +1,24 @@
 """The body of a sampler worker, whichever backend runs it (a process or a Ray actor): its
-sampling engine, its CPU copy of the policy and its task (``FragmentTask``). No transport here:
-the backend feeds it weights and ships what it returns."""
+sampling engine (opened by ``_open_sampler`` or ``_open_multi_agent_sampler``), its CPU copy of
+the policy and its task (``FragmentTask``, ``task.py``). No transport here: the backend feeds it
+weights and ships what it returns."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 
 from lightning_rl.batch import BOOTSTRAP, SampleBatch
-from lightning_rl.data.samplers.engine import ExploringPolicy, policy_state
+from lightning_rl.data.envs.make import EnvSpec
+from lightning_rl.data.samplers.engine import EnvSampler, policy_state
 from lightning_rl.data.samplers.multi_agent import MultiAgentFragmentSampler
-
-if TYPE_CHECKING:
-    from lightning_rl.data.async_sampling import FragmentTask
+from lightning_rl.data.workers.task import FragmentTask, acting_policy
 
 BOOTSTRAP_OBS, VALID = SampleBatch.BOOTSTRAP_OBS, SampleBatch.VALID
-
-
-def acting_policy(policy: nn.Module, exploration: dict[str, Any]) -> ExploringPolicy | dict[str, ExploringPolicy]:
-    """A worker's acting policy: one ``ExploringPolicy``, or one per policy id (multi-agent:
-    ``policy`` is the ``Policies`` dict)."""
-    if isinstance(policy, nn.ModuleDict):
-        return {pid: ExploringPolicy(p, exploration) for pid, p in policy.items()}
-    return ExploringPolicy(policy, exploration)
 
 
 def sample_fragment(sampler: Any, task: FragmentTask, policy: nn.Module | None, acting: Any,
@@ -74,3 +66,23 @@ class SamplerWorker:
 
     def close(self) -> None:
         self.sampler.close(terminate=True)
+
+
+def _open_sampler(env: EnvSpec, num_envs: int, vectorization: str, check_finite: bool,
+                  seed: int | None) -> EnvSampler:
+    """A worker's sampling engine, its envs reset (env ``j`` seeded ``seed + j``)."""
+    sampler = EnvSampler(env, num_envs, vectorization, seed, "cpu", check_finite)
+    sampler.open()
+    sampler.reset(seed)
+    return sampler
+
+
+def _open_multi_agent_sampler(env: Any, policy_mapping_fn: Callable[[str], str], policy_agents: dict[str, list[str]],
+                              policy_spaces: dict[str, tuple[Any, Any]], num_envs: int, rollout_fragment_length: int,
+                              check_finite: bool, seed: int | None) -> MultiAgentFragmentSampler:
+    """A worker's multi-agent sampling engine, its envs reset (env ``i`` seeded ``seed + i``)."""
+    sampler = MultiAgentFragmentSampler(env, policy_mapping_fn, policy_agents, policy_spaces, num_envs,
+                                        rollout_fragment_length, seed, check_finite)
+    sampler.open()
+    sampler.reset(seed)
+    return sampler
