@@ -24,6 +24,13 @@ ROOT = Path(__file__).resolve().parents[1]
 SMALL_REPLAY = dict(seed=0, hiddens=(16,), learning_starts=32, train_batch_size=16, total_env_steps=None)
 
 
+@pytest.fixture(autouse=True)
+def _in_tmp_path(tmp_path, monkeypatch):
+    """MuJoCo writes its warnings (Ant-v5's deprecated ``settotalmass`` under MuJoCo 4) to
+    ``MUJOCO_LOG.TXT`` in the working directory: a temporary one, not the checkout."""
+    monkeypatch.chdir(tmp_path)
+
+
 def hopper_unhealthy(obs: torch.Tensor) -> torch.Tensor:
     """Hopper-v5's termination from its observation (``qpos[1:]``, then velocities clipped to +-10):
     height ``obs[0] <= 0.7``, torso angle ``|obs[1]| >= 0.2`` or any of ``obs[1:]`` out of +-100."""
