@@ -111,11 +111,10 @@ class PPO(OnPolicyModule):
     def on_iteration_end(self, learner_info: Mapping[str, Any]) -> None:
         """Adapt the KL coefficient toward ``kl_target`` (paper, section 4), from the mean KL
         over minibatches and DDP ranks, so every rank adapts identically."""
-        for policy_id, info in learner_info.items():
-            coeff = self.kl_coeff[policy_id]
-            if coeff == 0:
+        for policy_id, coeff in self.kl_coeff.items():
+            if coeff == 0 or policy_id not in learner_info:  # (reading learner_info reduces it)
                 continue
-            kl = mean_over_ranks(info["learner_stats"]["kl"], self.device)
+            kl = mean_over_ranks(learner_info[policy_id]["learner_stats"]["kl"], self.device)
             if kl > 2.0 * self.kl_target:
                 self.kl_coeff[policy_id] = coeff * 1.5
             elif kl < 0.5 * self.kl_target:
