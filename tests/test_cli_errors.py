@@ -201,8 +201,8 @@ def test_resume_honours_a_new_budget_and_a_finished_run_trains_nothing(ppo_ckpt,
     assert model.global_counters["num_iterations"] == 2 and model.global_counters["num_env_steps_sampled"] == 128
 
 
-CHANGED = {"total_env_steps": 4096, "iterations_per_epoch": 3, "iterations_per_step": 2, "evaluation_interval": 2, "evaluation_num_episodes": 4,
-           "evaluation_max_episode_steps": 500,
+CHANGED = {"total_env_steps": 4096, "iterations_per_epoch": 3, "iterations_per_step": 2,
+           "evaluation_interval": 2, "evaluation_num_episodes": 4, "evaluation_max_episode_steps": 500,
            "num_cpu_threads": 2, "cpu_affinity": False, "compile": True, "check_finite": False,
            "sampler_timeout_s": 30.0, "restart_failed_workers": True, "sampler_backend": "ray",
            "ray_address": "10.0.0.1:6379", "num_cpus_per_worker": 2.0, "custom_resources_per_worker": {"cpu_node": 1.0}}
