@@ -131,3 +131,21 @@ def test_bf16_ratio_prints_how_far_bf16_moves_ppo_ratio_as_json_last():
     assert 0 < dev["median"] <= dev["p90"] <= dev["max"] < 1e-3  # the trunk's rounding moves it (float32 heads)
     assert sorted(clipped, key=float) == ["0.005", "0.01", "0.02", "0.03", "0.1"] and clipped["0.005"] == 0.0
     assert "after_steps" not in result
+
+
+def test_design_measures_prints_the_code_shape_as_json_last():
+    """``python benchmarks/design_measures.py``: the numbers docs/design.md no longer writes."""
+    import re
+
+    from tests.test_layers import cycles, import_graph
+
+    proc = run_benchmark("design_measures")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert found["import_cycles"] == cycles(import_graph())
+    assert found["import_cycles_type_only_included"] == cycles(import_graph(type_checking=True))
+    assert all(lines > 400 for lines in found["files_over_400_lines"].values())
+    assert all(re.fullmatch(r"[\w/]+\.py:\d+ \w+", entry) for entry in found["num_envs_parameters"])
+    reads = found["algorithm_reads_from_data"]
+    assert reads["total"] == sum(v for k, v in reads.items() if k != "total") > 0
+    assert "ppo.py" in found["algorithm_files"]
