@@ -157,9 +157,32 @@ def test_the_sampling_engine_knows_no_lightning(engine):
     assert not any(m.startswith("lightning_rl.algorithms") for m in reached)
 
 
+def test_the_data_layer_imports_no_algorithm_even_for_type_hints():
+    """A DataModule is given a ``Learner`` (data/learner.py), not typed against ``Algorithm``."""
+    graph = import_graph(type_checking=True)
+    leaks = {m: sorted(d for d in deps if d.startswith("lightning_rl.algorithms"))
+             for m, deps in graph.items() if m.startswith("lightning_rl.data")}
+    assert {m: d for m, d in leaks.items() if d} == {}
+
+
+def test_every_algorithm_is_the_learner_a_datamodule_is_given():
+    import lightning_rl
+    from lightning_rl.checkpoint import algorithm_registry
+    from lightning_rl.data.learner import Learner
+
+    assert lightning_rl.PPO
+    classes = [cls for cls in algorithm_registry().values() if cls.__module__.startswith("lightning_rl.algorithms")]
+    assert len(classes) >= 9
+    members = [name for name in dir(Learner) if not name.startswith("_")]
+    assert {"policies", "counters", "sampling_policy", "exploration_kwargs", "check_spaces"} <= set(members)
+    assert all(hasattr(cls, name) or name in ("policies", "counters") for cls in classes for name in members)
+    assert isinstance(lightning_rl.PPO(env="CartPole-v1"), Learner)
+    assert isinstance(lightning_rl.DQN(env="CartPole-v1"), Learner)
+
+
 def test_type_only_imports_are_read_when_asked():
     """``benchmarks/design_measures.py`` counts cycles with ``if TYPE_CHECKING:`` imports too:
-    data/base.py's type-only import of the algorithm is an edge of that graph alone."""
-    assert "lightning_rl.algorithms.base" not in import_graph()["lightning_rl.data.base"]
-    assert "lightning_rl.algorithms.base" in import_graph(type_checking=True)["lightning_rl.data.base"]
+    inference.py's type-only import of the algorithm is an edge of that graph alone."""
+    assert "lightning_rl.algorithms.base" not in import_graph()["lightning_rl.inference"]
+    assert "lightning_rl.algorithms.base" in import_graph(type_checking=True)["lightning_rl.inference"]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import gymnasium as gym
 import pytorch_lightning as pl
@@ -17,13 +17,11 @@ from torch.utils.data import DataLoader, IterableDataset
 from lightning_rl.batch import MultiAgentBatch
 from lightning_rl.checkpoint import pack_rank_states, unpack_rank_state
 from lightning_rl.data.envs import EnvSpec, resolve_vectorization
+from lightning_rl.data.learner import Learner
 from lightning_rl.data.samplers.engine import EnvSampler, eval_mode, new_generator, policy_state, rank_seed
 
 __all__ = ["EnvDataModule", "IterationStream", "eval_mode", "lightning_seed", "new_generator", "policy_state",
            "rank_seed"]
-
-if TYPE_CHECKING:
-    from lightning_rl.algorithms.base import Algorithm
 
 
 def lightning_seed() -> int | None:
@@ -147,7 +145,7 @@ class EnvDataModule(pl.LightningDataModule):
         self.iterations_per_epoch = iterations_per_epoch
         self.sampling_device = torch.device(sampling_device)
         self.check_finite = check_finite
-        self.module: Algorithm | None = None
+        self.module: Learner | None = None
         self.sampler = EnvSampler(env, num_envs, vectorization, seed, self.sampling_device, check_finite)
         self.rank = 0
         self._state_at_teardown: dict[str, Any] = {}
@@ -197,8 +195,9 @@ class EnvDataModule(pl.LightningDataModule):
         with eval_mode(self.module.policies):
             return self.sample()
 
-    def connect(self, module: Algorithm) -> None:
-        """The one door through which the DataModule learns the policy it samples with."""
+    def connect(self, module: Learner) -> None:
+        """The one door through which the DataModule learns the policy it samples with (any
+        ``Learner``: every algorithm is one)."""
         self.module = module
 
     def take_lightning_seed(self) -> None:
