@@ -15,6 +15,7 @@ EXTRAS: dict[str, tuple[str, str]] = {
     "cv2": ("OpenCV", "atari"),
     "envpool": ("envpool", "envpool"),
     "mujoco": ("MuJoCo", "mujoco"),
+    "optuna": ("Optuna", "optuna"),
     "pettingzoo": ("PettingZoo", "multiagent"),
     "ray": ("Ray", "ray"),
     "matplotlib": ("matplotlib", "plot"),
