@@ -1,4 +1,4 @@
-"""``lightning-rl``: Lightning's CLI over every algorithm, plus ``plot`` and ``record``.
+"""``lightning-rl``: Lightning's CLI over every algorithm, plus ``plot``, ``record`` and ``tune``.
 
     lightning-rl fit -c examples/configs/ppo_cartpole.yaml
     lightning-rl fit --model PPO --model.env CartPole-v1 --trainer.max_epochs 5
@@ -9,6 +9,7 @@
     lightning-rl fit -c examples/configs/dqn_cartpole.yaml --print_config
     lightning-rl plot lightning_logs/version_0 lightning_logs/version_1 --out curve.png
     lightning-rl record --ckpt_path model.ckpt --out agent.gif
+    lightning-rl tune -c examples/configs/ppo_cartpole.yaml --search-space ppo --n-trials 20
 
 Errors of the command line (a bad value, a misspelled setting, an unknown algorithm, an
 unreadable checkpoint, a missing optional dependency) are one line, ``lightning-rl fit: error:
@@ -46,7 +47,7 @@ if TYPE_CHECKING:
     from pytorch_lightning.cli import LightningCLI
 
 PROG = "lightning-rl"
-TOOLS = ("plot", "record")
+TOOLS = ("plot", "record", "tune")
 SUBCOMMANDS = ("fit", "validate", "test")
 # The built-in algorithms, by name: what --model NAME takes before any algorithm is imported (a
 # subclass defined in this process is known once lightning_rl.checkpoint is: _algorithm_names).
@@ -427,7 +428,7 @@ def _no_such_setting(algorithm: str, name: str, settings: typing.Iterable[str]) 
 def _top_help() -> str:
     names = ", ".join(ALGORITHMS)
     return "\n".join([
-        f"usage: {PROG} {{fit,validate,test,plot,record}} ...",
+        f"usage: {PROG} {{fit,validate,test,plot,record,tune}} ...",
         "",
         "Reinforcement learning as PyTorch Lightning modules.",
         "",
@@ -436,12 +437,14 @@ def _top_help() -> str:
         f"an algorithm's settings: `{PROG} fit --model.help PPO`)",
         f"  {PROG} plot LOG_DIR... --out curve.png   (`{PROG} plot -h`)",
         f"  {PROG} record --ckpt_path CKPT --out agent.gif   (`{PROG} record -h`)",
+        f"  {PROG} tune -c CONFIG.yaml --search-space ppo   (`{PROG} tune -h`)",
         "",
         f"  fit        train an algorithm ({names}): --model NAME or -c CONFIG.yaml",
         "  validate   play greedy episodes of a checkpoint and log val/*",
         "  test       play greedy episodes of a checkpoint on test envs and log test/*",
         "  plot       draw the learning curves of runs",
         "  record     play a checkpoint's policy and write a GIF",
+        "  tune       search hyperparameters: trials of fit with Optuna",
     ])
 
 
@@ -710,6 +713,10 @@ def main(args: list[str] | None = None) -> int:
             from lightning_rl.recording import main as record_main
 
             return record_main(argv[1:])
+        if argv[:1] == ["tune"]:
+            from lightning_rl.tune import main as tune_main
+
+            return tune_main(argv[1:], fit=cli)
         if argv[:1] == ["predict"]:
             fail("predict", PREDICT_REFUSAL)
         if not argv:

@@ -117,6 +117,7 @@ def test_help_lists_the_tools(tmp_path):
     out = subprocess.run([sys.executable, "-m", "lightning_rl.cli", "--help"], cwd=tmp_path, capture_output=True,
                          text=True, timeout=120)
     assert "lightning-rl plot" in out.stdout and "lightning-rl record" in out.stdout
+    assert "lightning-rl tune -c CONFIG.yaml --search-space ppo" in out.stdout
 
 
 @pytest.mark.parametrize(("env", "message"), [

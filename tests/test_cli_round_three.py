@@ -78,10 +78,10 @@ def test_help_and_argument_errors_import_neither_torch_nor_lightning(tmp_path):
         "lightning-rl fit: error: --model TRPO: no such algorithm (the algorithms: A2C, A3C, APEX, APPO, DDPG, DQN, "
         "IMPALA, PPO, SAC, TD3)",
         "lightning-rl: error: unknown command 'fti'; did you mean fit? (the commands: fit, validate, test, plot, "
-        "record)",
+        "record, tune)",
         "lightning-rl fit: error: --trainer.max_epochz: pl.Trainer has no argument 'max_epochz'; did you mean "
         "--trainer.max_epochs? (all of them: lightning-rl fit --help)",
-        "lightning-rl: error: a command is required: fit, validate, test, plot, record (lightning-rl --help)",
+        "lightning-rl: error: a command is required: fit, validate, test, plot, record, tune (lightning-rl --help)",
     ], proc.stderr[-3000:]
 
 
