@@ -45,7 +45,7 @@ def open_study(search: Search) -> Any:
     """The study in its storage, created if new (``load_if_exists``: resumed and shared), with a
     sampler seeded by :func:`sampler_seed`."""
     import optuna
-    from sqlalchemy.exc import OperationalError
+    from sqlalchemy.exc import SQLAlchemyError
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     options = search.options
@@ -53,13 +53,15 @@ def open_study(search: Search) -> Any:
     budget = search.config["model"]["init_args"].get("total_env_steps")
     warmup = int(budget) // 3 if isinstance(budget, int | float) else 0
     pruner = make_pruner(options.pruner, warmup)
-    for attempt in range(10):  # two processes creating one SQLite file's tables at once: one waits
+    # two processes creating one SQLite file's tables (and Alembic's version row) at once: one fails, then
+    # finds them made
+    for attempt in range(10):
         try:
             search.storage = storage = optuna.storages.RDBStorage(options.storage, engine_kwargs=engine)
             study = optuna.create_study(storage=storage, study_name=search.study_name, direction=options.direction,
                                         pruner=pruner, load_if_exists=True)
             break
-        except OperationalError:
+        except SQLAlchemyError:
             if attempt == 9:
                 raise
             time.sleep(0.5 + attempt)

@@ -195,7 +195,26 @@ def test_the_pruner_stops_a_trial_at_its_first_evaluation_and_the_study_records_
     assert "trial 1 pruned: pruned at 128 env steps" in out
 
 
+@pytest.mark.parametrize("name, cls", [("median", "MedianPruner"), ("halving", "SuccessiveHalvingPruner"),
+                                       ("none", "NopPruner")])
+def test_each_pruner_flag_gives_its_pruner_and_median_waits_a_third_of_the_budget(study_dir, name, cls):
+    from lightning_rl.cli import cli as fit
+    from lightning_rl.tune import prepare
+    from lightning_rl.tune_study import open_study
+
+    study = open_study(prepare(["-c", "ppo.yaml", "--search-space", "space.yaml", "--pruner", name], fit))
+    assert type(study.pruner).__name__ == cls
+    if name == "median":  # each trial reports after 128 and 256 env steps: the first report is never pruned
+        assert study.pruner._n_warmup_steps == BUDGET // 3 and study.pruner._n_startup_trials == 5
+
+
 # ----------------------------------------------------------------------------- studies
+def test_no_trial_starts_after_the_timeout(study_dir, capsys):
+    code, _, err = run_main(tune_args("--n-trials", "5", "--timeout", "0"), capsys)
+    assert code == 1 and load(study_dir).get_trials() == []
+    assert "no trial is done yet, so there is no best.yaml" in err
+
+
 def test_three_trials_then_best_yaml_that_fit_runs_and_a_trial_rerun_by_fit_alone(study_dir, capsys):
     code, out, err = run_main(tune_args("--n-trials", "3"), capsys)
     assert code == 0, err[-3000:]
@@ -288,20 +307,24 @@ def test_a_trial_left_running_by_a_dead_process_runs_again_with_its_settings(stu
     assert retry.state.name == "COMPLETE" and retry.params == stale.params and retry.user_attrs["retry_of"] == 0
 
 
-def run_tune(study_dir: Path, *args: str, timeout: float = 240) -> subprocess.Popen:
+def run_tune(study_dir: Path, *args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "lightning_rl.cli", *tune_args(*args)], cwd=study_dir,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def finish(proc: subprocess.Popen, timeout: float = 240) -> str:
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, _ = proc.communicate()
-        raise AssertionError(f"tune did not finish in {timeout} s:\n{out[-3000:]}") from None
-    assert proc.returncode == 0, out[-3000:]
-    return out
+def finish(*procs: subprocess.Popen, timeout: float = 240) -> list[str]:
+    """The output of each ``tune`` process, once all have ended; each must have ended well in time."""
+    deadline = time.monotonic() + timeout
+    outs = []
+    for proc in procs:
+        try:
+            outs.append(proc.communicate(timeout=max(1.0, deadline - time.monotonic()))[0])
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            outs.append(proc.communicate()[0] + f"\n(killed: not finished in {timeout} s)")
+    for proc, out in zip(procs, outs, strict=True):
+        assert proc.returncode == 0, out[-3000:]
+    return outs
 
 
 def workers_of(trials) -> set[int]:
@@ -310,7 +333,7 @@ def workers_of(trials) -> set[int]:
 
 def test_two_processes_on_one_sqlite_file_share_the_study_and_finish_n_together(study_dir):
     procs = [run_tune(study_dir, "--n-trials", "4"), run_tune(study_dir, "--n-trials", "4", "--seed", "1")]
-    outs = [finish(proc) for proc in procs]
+    outs = finish(*procs)
     trials = load(study_dir).get_trials()
     assert [(t.number, t.state.name) for t in trials] == [(i, "COMPLETE") for i in range(4)], outs
     assert workers_of(trials) == {proc.pid for proc in procs}  # both ran trials of the one study
@@ -319,7 +342,7 @@ def test_two_processes_on_one_sqlite_file_share_the_study_and_finish_n_together(
 
 
 def test_workers_share_the_study_and_none_outlives_the_command(study_dir):
-    out = finish(run_tune(study_dir, "--n-trials", "4", "--workers", "2"))
+    (out,) = finish(run_tune(study_dir, "--n-trials", "4", "--workers", "2"))
     trials = load(study_dir).get_trials()
     assert [(t.number, t.state.name) for t in trials] == [(i, "COMPLETE") for i in range(4)]
     assert len(workers_of(trials)) == 2 and "[worker 0] trial" in out and "[worker 1] trial" in out
