@@ -219,7 +219,9 @@ def run_trials(search: Search, study: Any) -> int:
 
 def run_workers(search: Search, argv: list[str]) -> int:
     """``--workers N``: N ``tune`` processes on the study, each with the trial loop; waits for them,
-    passes SIGTERM on, and leaves none running when it returns."""
+    and leaves none running when it returns. The workers have a session of their own, so Ctrl-C
+    reaches this process alone, which passes it (and SIGTERM) on once to each; on Linux a worker
+    whose parent dies is sent SIGTERM."""
     options = search.options
     procs: list[subprocess.Popen] = []
 
@@ -229,25 +231,32 @@ def run_workers(search: Search, argv: list[str]) -> int:
     previous = signal.signal(signal.SIGTERM, stop)
     code = 0
     try:
-        for index in range(options.workers):  # a worker's sampler is seeded --seed + its index
-            procs.append(subprocess.Popen([sys.executable, "-m", "lightning_rl.cli", "tune", *argv, "--workers", "1",
-                                           "--study-name", search.study_name, "--storage", options.storage,
-                                           "--root-dir", str(search.root_dir), "--worker-index", str(index)]))
+        for index in range(options.workers):  # a worker's sampler is seeded by --seed and its index
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "lightning_rl.cli", "tune", *argv, "--workers", "1", "--study-name",
+                 search.study_name, "--storage", options.storage, "--root-dir", str(search.root_dir),
+                 "--worker-index", str(index)], start_new_session=True, preexec_fn=_die_with_parent))
         for proc in procs:
             proc.wait()
         codes = [proc.returncode for proc in procs]
         code = next((c for c in codes if c in (130, 143)), 0) or next((c for c in codes if c), 0)
-    except KeyboardInterrupt:  # Ctrl-C reached every worker too: each ends its trial, saving its checkpoint
-        code = 130
-    except SystemExit as exit:
-        code = int(exit.code or 0)
+    except (KeyboardInterrupt, SystemExit) as stopped:
+        code = 130 if isinstance(stopped, KeyboardInterrupt) else int(stopped.code or 0)
         for proc in procs:
             if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
+                proc.send_signal(signal.SIGINT if code == 130 else signal.SIGTERM)
     finally:
         signal.signal(signal.SIGTERM, previous)
         _reap(procs)
     return code
+
+
+def _die_with_parent() -> None:
+    """In a worker, before it runs: SIGTERM when the process that started it ends (Linux)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _reap(procs: list[subprocess.Popen]) -> None:

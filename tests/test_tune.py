@@ -351,9 +351,7 @@ def test_workers_share_the_study_and_none_outlives_the_command(study_dir):
 
 
 def test_ctrl_c_keeps_the_interrupted_trial_for_the_resumed_study(study_dir, capsys):
-    config = {**CONFIG, "model": {**CONFIG["model"], "init_args": {**CONFIG["model"]["init_args"],
-                                                                     "total_env_steps": 200_000}}}
-    (study_dir / "ppo.yaml").write_text(yaml.safe_dump(config))
+    long_trials(study_dir)
     proc = run_tune(study_dir, "--n-trials", "1")
     lines = []
     deadline = time.monotonic() + 120
@@ -373,6 +371,41 @@ def test_ctrl_c_keeps_the_interrupted_trial_for_the_resumed_study(study_dir, cap
     assert run_main(tune_args("--n-trials", "1", "--model.total_env_steps", str(BUDGET)), capsys)[0] == 0
     interrupted, retry = load(study_dir).get_trials()
     assert retry.state.name == "COMPLETE" and retry.params == interrupted.params and retry.user_attrs["retry_of"] == 0
+
+
+def long_trials(study_dir: Path) -> None:
+    """Trials that run until they are interrupted."""
+    config = {**CONFIG, "model": {**CONFIG["model"], "init_args": {**CONFIG["model"]["init_args"],
+                                                                     "total_env_steps": 200_000}}}
+    (study_dir / "ppo.yaml").write_text(yaml.safe_dump(config))
+
+
+def test_ctrl_c_on_workers_stops_each_trial_and_leaves_no_worker(study_dir):
+    long_trials(study_dir)
+    proc = run_tune(study_dir, "--n-trials", "2", "--workers", "2")
+    lines: list[str] = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and sum("trial" in line and "started" in line for line in lines) < 2:
+        lines.append(proc.stdout.readline())
+    time.sleep(8)  # both fits under way
+    proc.send_signal(signal.SIGINT)  # the parent alone: the workers have their own session
+    out = "".join(lines) + finish_interrupted(proc)
+    trials = load(study_dir).get_trials()
+    assert sorted((t.state.name, t.user_attrs.get("interrupted")) for t in trials) == \
+        [("FAIL", True), ("FAIL", True), ("WAITING", None), ("WAITING", None)], out[-3000:]
+    assert not live_pids(sorted(workers_of(trials[:2])), grace_s=0.0)
+    assert len(list((study_dir / "tune" / "ppo-space").rglob("interrupted.ckpt"))) == 2
+    assert "2 interrupted" in out
+
+
+def finish_interrupted(proc: subprocess.Popen) -> str:
+    try:
+        out = proc.communicate(timeout=150)[0]
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError(proc.communicate()[0][-3000:]) from None
+    assert proc.returncode == 130, out[-3000:]
+    return out
 
 
 @pytest.fixture(autouse=True)
