@@ -78,6 +78,11 @@ def ray_trial(config: dict[str, Any], fit: Any) -> None:
     run_trial(fit, path, reports, trial["metric"])
 
 
+def trial_name(trial: Any) -> str:
+    """A Ray trial's name and folder: its number in the study (Ray's default spells out its config)."""
+    return f"trial_{trial.config[TRIAL]['number']:04d}"
+
+
 def run_ray(search: Search, study: Any) -> int:
     """The search under Ray Tune; the trials Ray ran are added to ``study``. Returns the exit code."""
     import optuna
@@ -117,7 +122,8 @@ def run_ray(search: Search, study: Any) -> int:
             tune.with_resources(tune.with_parameters(ray_trial, fit=search.fit), resources),
             tune_config=tune.TuneConfig(search_alg=searcher, scheduler=scheduler, metric=options.metric, mode=mode,
                                         num_samples=-1 if remaining is None else remaining,
-                                        time_budget_s=options.timeout),
+                                        time_budget_s=options.timeout, trial_name_creator=trial_name,
+                                        trial_dirname_creator=trial_name),
             run_config=tune.RunConfig(name=search.study_name, storage_path=str(root / "ray"),
                                       failure_config=tune.FailureConfig(max_failures=0)),
         )

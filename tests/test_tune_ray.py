@@ -70,3 +70,36 @@ def test_ray_trials_spread_over_both_nodes_and_land_in_the_study(two_nodes, tmp_
     assert run_main(["tune", "-c", "ppo.yaml", "--search-space", "space.yaml", "--n-trials", "5"], capsys)[0] == 0
     assert [t.number for t in optuna.load_study(study_name="ppo-space", storage="sqlite:///study.db")
             .get_trials()] == [0, 1, 2, 3, 4]
+
+
+def test_a_ray_trial_is_stored_done_pruned_or_failed_with_its_error():
+    """How a Ray result becomes a trial of the stored study (no Ray needed)."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from lightning_rl.tune_ray import TRIAL, _stored_trial
+
+    known = optuna.create_study(direction="maximize")
+    for _ in range(3):
+        trial = known.ask()
+        trial.suggest_float("lr", 1e-4, 1e-2, log=True)
+        known.tell(trial, 0.0)
+
+    def result(sampled: int, steps: list[int], error: Exception | None = None):
+        frame = pd.DataFrame({METRIC: [float(s) for s in steps], "env_steps": steps}) if steps else None
+        return SimpleNamespace(config={TRIAL: {"number": 10 + sampled, "sampled": sampled, "path": "trial.yaml",
+                                              "settings": {"lr": 0.1}}},
+                               metrics_dataframe=frame, metrics={"node": "n1"}, error=error)
+
+    number, done = _stored_trial(result(0, [128, 256]), known, METRIC, BUDGET)
+    assert number == 10 and done.state.name == "COMPLETE" and done.value == 256.0
+    assert done.intermediate_values == {128: 128.0, 256: 256.0} and done.user_attrs["env_steps"] == 256
+    assert done.params == known.trials[0].params and done.user_attrs["node"] == "n1"
+    _, pruned = _stored_trial(result(1, [128]), known, METRIC, BUDGET)  # stopped by ASHA before the budget
+    assert pruned.state.name == "PRUNED" and pruned.user_attrs["env_steps"] == 128
+    error = RuntimeError("ray::ImplicitFunc.train()\n  raise TrialError(...)\n"
+                         "lightning_rl.tune_trial.TrialError: sgd_minibatch_size (4096) is larger than the train batch")
+    _, failed = _stored_trial(result(2, [], error), known, METRIC, BUDGET)
+    assert failed.state.name == "FAIL"
+    assert failed.user_attrs["error"] == "sgd_minibatch_size (4096) is larger than the train batch"
