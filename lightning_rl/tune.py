@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from lightning_rl.tune_config import Search, fail, load_config, settings_of, with_settings
-from lightning_rl.tune_spaces import SpaceError, check_names, load_space
+from lightning_rl.tune_spaces import SpaceError, as_number, check_names, load_space
 
 DESCRIPTION = ("Search the settings of a fit config with Optuna: each trial is a fit of the config with sampled "
                "settings (its config in <root-dir>/trial_NNNN/trial.yaml), the study is kept in --storage (resumed "
@@ -97,9 +97,9 @@ def _fixed_settings(extra: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
                 fail(f"{option}: expected a value")
             value = rest.pop(0)
         if name.startswith("--model."):
-            model[name.removeprefix("--model.").removeprefix("init_args.")] = yaml.safe_load(value)
+            model[name.removeprefix("--model.").removeprefix("init_args.")] = as_number(yaml.safe_load(value))
         elif name.startswith("--trainer."):
-            trainer[name.removeprefix("--trainer.")] = yaml.safe_load(value)
+            trainer[name.removeprefix("--trainer.")] = as_number(yaml.safe_load(value))
         else:
             fail(f"unrecognized arguments: {option} (lightning-rl tune --help)")
     return model, trainer

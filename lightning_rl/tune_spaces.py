@@ -59,11 +59,12 @@ class Distribution:
 Space = dict[str, Distribution]
 
 
-def _number(value: Any) -> Any:
-    """YAML 1.1 reads ``1e-5`` (no dot) as a string: a number written so is a number."""
+def as_number(value: Any) -> Any:
+    """YAML 1.1 reads ``1e-5`` and ``1e5`` (no dot) as strings: a number written so is a number, an
+    integer when it is integral and has no dot (``1e5`` -> 100000, for integer settings)."""
     if isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
         number = float(value)
-        return int(number) if number.is_integer() and not re.search(r"[.eE]", value) else number
+        return int(number) if number.is_integer() and "." not in value else number
     return value
 
 
@@ -83,12 +84,13 @@ def parse_distribution(name: str, raw: Any) -> Distribution:
         choices = raw.get("choices")
         if not isinstance(choices, list) or not choices:
             raise SpaceError(f"{name}: categorical needs a non-empty list of choices, got {choices!r}")
-        return Distribution(kind, choices=tuple(_number(c) for c in choices))
+        return Distribution(kind, choices=tuple(as_number(c) for c in choices))
     if kind == "same_as":
         if not isinstance(raw.get("setting"), str):
             raise SpaceError(f"{name}: same_as needs the setting whose value it takes (setting: NAME)")
         return Distribution(kind, setting=raw["setting"])
-    low, high, step, log = _number(raw.get("low")), _number(raw.get("high")), _number(raw.get("step")), raw.get("log")
+    low, high, step = (as_number(raw.get(key)) for key in ("low", "high", "step"))
+    log = raw.get("log")
     numeric = (int,) if kind == "int" else (int, float)
     for key, value in (("low", low), ("high", high)):
         if isinstance(value, bool) or not isinstance(value, numeric):

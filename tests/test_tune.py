@@ -113,6 +113,14 @@ def test_every_built_in_space_samples_settings_its_algorithm_takes(name):
         study.tell(trial, 0.0)
 
 
+def test_settings_given_on_the_command_line_are_read_as_yaml_numbers_included():
+    from lightning_rl.tune import _fixed_settings
+
+    assert _fixed_settings(["--model.total_env_steps", "1e5", "--model.init_args.lr=3e-4", "--model.hiddens",
+                            "[64, 64]", "--trainer.max_time", "00:00:10:00"]) == \
+        ({"total_env_steps": 100_000, "lr": 3e-4, "hiddens": [64, 64]}, {"max_time": "00:00:10:00"})
+
+
 def test_a_setting_the_algorithm_lacks_is_one_line_before_any_trial(study_dir, capsys):
     (study_dir / "bad.yaml").write_text("lr: {type: float, low: 1e-5, high: 1e-2, log: true}\n"
                                         "clip_range: {type: categorical, choices: [0.1, 0.2]}\n")
