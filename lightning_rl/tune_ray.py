@@ -16,6 +16,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ray.tune.schedulers import ASHAScheduler, TrialScheduler
+
 from lightning_rl.tune_config import TRIAL_CONFIG, with_settings, write_config
 from lightning_rl.tune_spaces import suggest
 from lightning_rl.tune_study import counted, make_sampler, sampler_seed
@@ -24,6 +26,22 @@ if TYPE_CHECKING:
     from lightning_rl.tune_config import Search
 
 TRIAL = "lightning_rl_trial"  # the key of a Ray trial's config that holds what it runs
+
+
+class StoppingASHA(ASHAScheduler):
+    """ASHA on env steps that remembers the trials it stopped before ``max_t``: a trial that ends
+    short of the budget without being among them was cut short (Ctrl-C), not pruned."""
+
+    def __init__(self, max_t: int) -> None:
+        super().__init__(time_attr="env_steps", max_t=max_t, grace_period=max(1, max_t // 9), reduction_factor=3)
+        self.budget = max_t
+        self.stopped: set[int] = set()
+
+    def on_trial_result(self, tune_controller: Any, trial: Any, result: dict[str, Any]) -> str:
+        action = super().on_trial_result(tune_controller, trial, result)
+        if action == TrialScheduler.STOP and result.get("env_steps", 0) < self.budget:
+            self.stopped.add(trial.config[TRIAL]["number"])
+        return action
 
 
 class _RayReports:
@@ -88,7 +106,6 @@ def run_ray(search: Search, study: Any) -> int:
     import optuna
     import ray
     from ray import tune
-    from ray.tune.schedulers import ASHAScheduler
     from ray.tune.search.optuna import OptunaSearch
 
     options = search.options
@@ -108,7 +125,7 @@ def run_ray(search: Search, study: Any) -> int:
     mode = "max" if options.direction == "maximize" else "min"
     budget = search.config["model"]["init_args"].get("total_env_steps")
     max_t = int(budget) if isinstance(budget, int | float) else 10 ** 12
-    scheduler = ASHAScheduler(time_attr="env_steps", max_t=max_t, grace_period=max(1, max_t // 9), reduction_factor=3)
+    scheduler = StoppingASHA(max_t)
     define = _DefineTrial(search, root, first - len(finished))
     searcher = OptunaSearch(space=define, metric=options.metric, mode=mode, storage=memory,
                             study_name=search.study_name, sampler=make_sampler(study_seed))
@@ -131,15 +148,17 @@ def run_ray(search: Search, study: Any) -> int:
     finally:
         if started:
             ray.shutdown()
-    stored = sorted((_stored_trial(result, known, options.metric, max_t) for result in results),
+    stored = sorted((_stored_trial(result, known, options.metric, max_t, scheduler.stopped) for result in results),
                     key=lambda item: item[0])
     study.add_trials([trial for _, trial in stored])
-    return 0
+    return 130 if any(trial.user_attrs.get("interrupted") for _, trial in stored) else 0
 
 
-def _stored_trial(result: Any, known: Any, metric: str, max_t: int) -> tuple[int, Any]:
+def _stored_trial(result: Any, known: Any, metric: str, max_t: int, pruned: set[int]) -> tuple[int, Any]:
     """A Ray trial's result as an Optuna trial of the stored study: done, pruned (stopped by ASHA
-    before the budget) or failed (with its error), its evaluations at their env steps."""
+    before the budget: its number in ``pruned``), failed (with its error) or, ended short of the
+    budget otherwise (Ctrl-C), failed as interrupted (not counted toward ``--n-trials``); its
+    evaluations at their env steps."""
     import optuna
     from optuna.trial import TrialState
 
@@ -158,8 +177,11 @@ def _stored_trial(result: Any, known: Any, metric: str, max_t: int) -> tuple[int
     if result.error is not None or last is None:
         state, value = TrialState.FAIL, None
         attrs["error"] = _error_line(str(result.error or f"{metric} was never reported"))
-    elif last < max_t:
+    elif last < max_t and trial["number"] in pruned:
         state, value = TrialState.PRUNED, None
+    elif last < max_t:
+        state, value = TrialState.FAIL, None
+        attrs.update(interrupted=True, error="interrupted")
     else:
         state, value = TrialState.COMPLETE, steps[last]
     return trial["number"], optuna.trial.create_trial(

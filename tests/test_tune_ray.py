@@ -92,14 +92,16 @@ def test_a_ray_trial_is_stored_done_pruned_or_failed_with_its_error():
                                               "settings": {"lr": 0.1}}},
                                metrics_dataframe=frame, metrics={"node": "n1"}, error=error)
 
-    number, done = _stored_trial(result(0, [128, 256]), known, METRIC, BUDGET)
+    number, done = _stored_trial(result(0, [128, 256]), known, METRIC, BUDGET, set())
     assert number == 10 and done.state.name == "COMPLETE" and done.value == 256.0
     assert done.intermediate_values == {128: 128.0, 256: 256.0} and done.user_attrs["env_steps"] == 256
     assert done.params == known.trials[0].params and done.user_attrs["node"] == "n1"
-    _, pruned = _stored_trial(result(1, [128]), known, METRIC, BUDGET)  # stopped by ASHA before the budget
+    _, pruned = _stored_trial(result(1, [128]), known, METRIC, BUDGET, {11})  # stopped by ASHA before the budget
     assert pruned.state.name == "PRUNED" and pruned.user_attrs["env_steps"] == 128
+    _, cut = _stored_trial(result(1, [128]), known, METRIC, BUDGET, set())  # ended short otherwise: Ctrl-C
+    assert cut.state.name == "FAIL" and cut.user_attrs["interrupted"]
     error = RuntimeError("ray::ImplicitFunc.train()\n  raise TrialError(...)\n"
                          "lightning_rl.tune_trial.TrialError: sgd_minibatch_size (4096) is larger than the train batch")
-    _, failed = _stored_trial(result(2, [], error), known, METRIC, BUDGET)
+    _, failed = _stored_trial(result(2, [], error), known, METRIC, BUDGET, set())
     assert failed.state.name == "FAIL"
     assert failed.user_attrs["error"] == "sgd_minibatch_size (4096) is larger than the train batch"
