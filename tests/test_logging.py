@@ -186,7 +186,7 @@ def test_learner_info_is_logged_on_the_iterations_lightning_writes_fresh_and_res
     (its private ``should_update_logs``, the oracle) on every iteration, and after a resume."""
     from pytorch_lightning.callbacks import ModelCheckpoint
 
-    from lightning_rl.callbacks.learner_info import should_log
+    from lightning_rl.callbacks.metrics import should_log
 
     class Compare(pl.Callback):
         def __init__(self):

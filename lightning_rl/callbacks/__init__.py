@@ -5,6 +5,7 @@ from lightning_rl.callbacks.final_checkpoint import FinalCheckpoint
 from lightning_rl.callbacks.interrupt import InterruptCheckpoint
 from lightning_rl.callbacks.known_warnings import KnownWarnings
 from lightning_rl.callbacks.learner_info import LearnerInfoCallback, LogCadence
+from lightning_rl.callbacks.metrics import MetricsWriter
 from lightning_rl.callbacks.progress import EnvStepProgressBar
 
 __all__ = [
@@ -14,5 +15,6 @@ __all__ = [
     "KnownWarnings",
     "LearnerInfoCallback",
     "LogCadence",
+    "MetricsWriter",
     "RolloutMetricsCallback",
 ]

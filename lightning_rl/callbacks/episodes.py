@@ -9,7 +9,7 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 
-from lightning_rl.callbacks.learner_info import should_log
+from lightning_rl.callbacks.metrics import should_log, stage
 
 
 class RolloutMetricsCallback(pl.Callback):
@@ -113,10 +113,8 @@ class RolloutMetricsCallback(pl.Callback):
         self._perf = {}
         self._last_time, self._last_steps = now, steps
         self._episodes, self._sample_s, self._learn_s, self._iterations = 0, 0.0, 0.0, 0
-        pl_module.log_dict(metrics, batch_size=1)
-        pl_module.log("step", float(steps), batch_size=1)  # loggers' x axis: global env steps
-        if "rollout/episode_return_mean" in metrics:
-            pl_module.log("return", metrics["rollout/episode_return_mean"], prog_bar=True, logger=False, batch_size=1)
-        pl_module.log("env_steps", float(steps), prog_bar=True, logger=False, batch_size=1)
+        bar = {"return": metrics["rollout/episode_return_mean"]} if "rollout/episode_return_mean" in metrics else {}
+        bar["env_steps"] = float(steps)
         if "perf/env_steps_per_s" in metrics:
-            pl_module.log("steps/s", metrics["perf/env_steps_per_s"], prog_bar=True, logger=False, batch_size=1)
+            bar["steps/s"] = metrics["perf/env_steps_per_s"]
+        stage(trainer, metrics, bar)  # the loggers' x axis: global env steps (MetricsWriter)

@@ -10,6 +10,8 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 
+from lightning_rl.callbacks.metrics import should_log, stage
+
 
 def flatten_scalars(tree: Mapping[str, Any], prefix: str) -> Iterator[tuple[str, float]]:
     """``(path, value)`` of every numeric scalar leaf; arrays (``td_error``), ``None`` and text are skipped."""
@@ -19,17 +21,6 @@ def flatten_scalars(tree: Mapping[str, Any], prefix: str) -> Iterator[tuple[str,
             yield from flatten_scalars(value, path)
         elif isinstance(value, numbers.Number) and not isinstance(value, bool):
             yield path, float(value)
-
-
-def should_log(trainer: pl.Trainer, batch_idx: int) -> bool:
-    """Log on the iterations Lightning writes to its loggers (every ``log_every_n_steps``) and
-    on the last of each epoch, for epoch-end monitors. ``self.log`` costs far more than an
-    iteration of small-batch RL, and on other iterations Lightning would discard the value."""
-    if batch_idx + 1 >= trainer.num_training_batches or trainer.should_stop:
-        return True
-    # the fit's batches so far, this one included: the step Lightning's logger cadence counts
-    step = trainer.fit_loop.epoch_loop.batch_progress.total.ready
-    return trainer.log_every_n_steps > 0 and step % trainer.log_every_n_steps == 0
 
 
 LIGHTNING_LOG_EVERY_N_STEPS = 50  # the Trainer's default: what "not set" looks like
@@ -48,7 +39,7 @@ class LogCadence(pl.Callback):
     an explicit 50 reads the same and is replaced too). The run's length in iterations is
     ``total_env_steps`` over the env steps of an iteration, measured on the first one (logged
     as the cadence is not known yet), else the Trainer's ``max_steps``/``max_epochs``. Logging
-    every iteration is avoided because ``self.log`` costs more than a small-batch iteration."""
+    every iteration is avoided because writing a row costs more than a small-batch iteration."""
 
     def __init__(self) -> None:
         self.auto: bool | None = None  # decided at the first fit (later fits find our own value)
@@ -110,8 +101,7 @@ class LearnerInfoCallback(pl.Callback):
                  for path, value in flatten_scalars(info, f"learner/{policy_id}")]
         if trainer.world_size > 1:
             items = reduce_over_ranks(items, pl_module.device)
-        for path, value in items:
-            pl_module.log(path, value, batch_size=1)
+        stage(trainer, dict(items))
 
 
 def reduce_over_ranks(items: list[tuple[str, float]], device: torch.device) -> list[tuple[str, float]]:

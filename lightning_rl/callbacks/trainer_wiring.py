@@ -17,6 +17,7 @@ from lightning_rl.callbacks.final_checkpoint import FinalCheckpoint, PreviousRun
 from lightning_rl.callbacks.interrupt import InterruptCheckpoint
 from lightning_rl.callbacks.known_warnings import KnownWarnings
 from lightning_rl.callbacks.learner_info import LearnerInfoCallback, LogCadence
+from lightning_rl.callbacks.metrics import MetricsWriter
 from lightning_rl.callbacks.progress import EnvStepProgressBar
 from lightning_rl.checkpoint import CheckedCheckpointIO
 from lightning_rl.data.base import EnvDataModule
@@ -97,8 +98,8 @@ class TrainerWiring(pl.Callback):
             PreviousRuns.withdraw(trainer)  # fit's ckpt_path is resolved
         present = {type(cb) for cb in trainer.callbacks} if trainer is not None else set()
         added: list[pl.Callback] = [
-            cb() for cb in (LearnerInfoCallback, RolloutMetricsCallback, LogCadence, TrainerWiring, FinalCheckpoint,
-                            StepCadence, KnownWarnings) if cb not in present
+            cb() for cb in (LearnerInfoCallback, RolloutMetricsCallback, MetricsWriter, LogCadence, TrainerWiring,
+                            FinalCheckpoint, StepCadence, KnownWarnings) if cb not in present
         ]
         if trainer is None:
             return added
