@@ -68,6 +68,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--report-every", default="auto",
                         help="report the metric at env steps rounded down to multiples of this (auto: a twentieth "
                              "of total_env_steps; 0: the exact steps)")
+    parser.add_argument("--average-last", type=int, default=3,
+                        help="a trial's value: the mean of the metric at its last K evaluations, so that one lucky "
+                             "or unlucky final evaluation does not pick the best trial (default: 3; 1: the last)")
     parser.add_argument("--root-dir", type=Path, default=None,
                         help="the trials' run folders, best.yaml and plots (default: tune/<study name>)")
     parser.add_argument("--top", type=int, default=10, help="rows of the table of best trials (default: 10)")
@@ -147,6 +150,8 @@ def prepare(argv: list[str], fit: Callable[..., Any]) -> Search:
             report_every = int(options.report_every) or None
         except ValueError:
             fail(f"--report-every: expected an integer or auto, got {options.report_every!r}")
+    if options.average_last < 1:
+        fail(f"--average-last: expected an integer >= 1, got {options.average_last}")
     study_name = options.study_name or f"{options.config.stem}-{space_name}"
     return Search(options, config, algorithm, space_name, space, study_name,
                   options.root_dir or Path("tune") / study_name, report_every, fit)

@@ -149,7 +149,8 @@ def run_one(search: Search, study: Any, say: Any) -> None:
         for key, value in (("worker", f"{HOST}:{os.getpid()}"), ("settings", settings), ("config", str(path))):
             trial.set_user_attr(key, value)
         say(f"trial {trial.number} started: {format_settings(settings)} ({run_dir})")
-        value, _ = run_trial(search.fit, path, trial, search.options.metric, search.report_every)
+        value, _ = run_trial(search.fit, path, trial, search.options.metric, search.report_every,
+                             search.options.average_last)
     except optuna.TrialPruned as err:
         study.tell(trial, state=TrialState.PRUNED)
         outcome = f"pruned: {err}"

@@ -122,10 +122,12 @@ class _StderrTail(io.TextIOBase):
 
 
 def run_trial(fit: Callable[..., Any], config_path: Path, trial: Any, metric: str,
-              report_every: int | None = None) -> tuple[float, int]:
+              report_every: int | None = None, average_last: int = 1) -> tuple[float, int]:
     """``lightning-rl fit -c config_path`` in this process (``fit``: the CLI's ``cli``, called as the
-    command line calls it), reported to ``trial``. Returns the metric's last value and the env
-    steps it was logged at.
+    command line calls it), reported to ``trial``. Returns the trial's value, the mean of the
+    metric at its last ``average_last`` evaluations (a policy's greedy return swings from one
+    evaluation to the next; one final reading picks the luckiest trial, not the best settings),
+    and the env steps of the last one.
 
     Raises:
         optuna.TrialPruned: the pruner stopped the run.
@@ -160,7 +162,8 @@ def run_trial(fit: Callable[..., Any], config_path: Path, trial: Any, metric: st
     if not reporter.history:
         raise TrialError(f"{metric} was never logged: the config must evaluate (model.init_args.evaluation_interval)"
                          " or --metric must name a metric the run logs")
-    steps, value = reporter.history[-1]
-    if not math.isfinite(value):
-        raise TrialError(f"{metric} is {value} at {steps} env steps")
-    return value, steps
+    for steps, value in reporter.history[-average_last:]:
+        if not math.isfinite(value):
+            raise TrialError(f"{metric} is {value} at {steps} env steps")
+    last = [value for _, value in reporter.history[-average_last:]]
+    return sum(last) / len(last), reporter.history[-1][0]

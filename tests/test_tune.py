@@ -216,6 +216,15 @@ def test_each_pruner_flag_gives_its_pruner_and_median_waits_a_third_of_the_budge
         assert study.pruner._n_warmup_steps == BUDGET // 3 and study.pruner._n_startup_trials == 5
 
 
+def test_average_last_1_takes_the_last_evaluation_and_0_is_refused(study_dir, capsys):
+    code, _, err = run_main(tune_args("--n-trials", "1", "--average-last", "0"), capsys)
+    assert code == 2 and one_error_line(err) == "--average-last: expected an integer >= 1, got 0"
+    code, _, err = run_main(tune_args("--n-trials", "1", "--average-last", "1"), capsys)
+    assert code == 0, err[-3000:]
+    (trial,) = load(study_dir).get_trials()
+    assert trial.value == trial.intermediate_values[250] != trial.intermediate_values[120]
+
+
 # ----------------------------------------------------------------------------- studies
 def test_no_trial_starts_after_the_timeout(study_dir, capsys):
     code, _, err = run_main(tune_args("--n-trials", "5", "--timeout", "0"), capsys)
@@ -240,6 +249,8 @@ def test_three_trials_then_best_yaml_that_fit_runs_and_a_trial_rerun_by_fit_alon
         # reported at every evaluation (128 and 256 env steps), rounded down to multiples of 10 (the
         # first digit of a twentieth of the budget: --report-every auto)
         assert trial.user_attrs["env_steps"] == BUDGET and sorted(trial.intermediate_values) == [120, 250]
+        # its value: the mean of its last 3 evaluations (--average-last's default), here both
+        assert trial.value == pytest.approx(sum(trial.intermediate_values.values()) / 2)
     # the table: every trial, best first, with its settings
     best = study.best_trial
     table = out[out.index("best trials"):]
@@ -255,10 +266,10 @@ def test_three_trials_then_best_yaml_that_fit_runs_and_a_trial_rerun_by_fit_alon
     run = cli_fit(root / "best.yaml")
     assert run.model.hparams["lr"] == best.params["lr"] and list(run.model.hparams["hiddens"]) == \
         best.user_attrs["settings"]["hiddens"]
-    assert float(run.trainer.callback_metrics[METRIC]) == best.value
+    assert float(run.trainer.callback_metrics[METRIC]) == best.intermediate_values[250]  # its last evaluation
     # a trial's config reruns it with fit alone, into its own folder
     rerun = cli_fit(root / "trial_0001" / "trial.yaml")
-    assert float(rerun.trainer.callback_metrics[METRIC]) == trials[1].value
+    assert float(rerun.trainer.callback_metrics[METRIC]) == trials[1].intermediate_values[250]
     assert rerun.trainer.log_dir == str(Path("tune/ppo-space/trial_0001/lightning_logs/version_1"))
 
 
