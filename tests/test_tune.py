@@ -350,8 +350,27 @@ def workers_of(trials) -> set[int]:
     return {int(t.user_attrs["worker"].rsplit(":", 1)[1]) for t in trials}
 
 
+def started(study_dir: Path) -> bool:
+    """Whether the study in ``study_dir`` has a trial (its file is not touched before tune made it)."""
+    if not (study_dir / "study.db").exists():
+        return False
+    try:
+        return bool(load(study_dir).get_trials())
+    except KeyError:  # (the study is not created yet)
+        return False
+
+
 def test_two_processes_on_one_sqlite_file_share_the_study_and_finish_n_together(study_dir):
-    procs = [run_tune(study_dir, "--n-trials", "4"), run_tune(study_dir, "--n-trials", "4", "--seed", "1")]
+    # trials long enough (about 2 s each) that the second process, started once the first has begun
+    # its first trial, is importing torch while the first still has three to run: both run trials
+    config = {**CONFIG, "model": {**CONFIG["model"], "init_args": {**CONFIG["model"]["init_args"],
+                                                                   "total_env_steps": 16 * BUDGET}}}
+    (study_dir / "ppo.yaml").write_text(yaml.safe_dump(config))
+    first = run_tune(study_dir, "--n-trials", "4")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and first.poll() is None and not started(study_dir):
+        time.sleep(0.2)
+    procs = [first, run_tune(study_dir, "--n-trials", "4", "--seed", "1")]
     outs = finish(*procs)
     trials = load(study_dir).get_trials()
     assert [(t.number, t.state.name) for t in trials] == [(i, "COMPLETE") for i in range(4)], outs
