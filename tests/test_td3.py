@@ -58,6 +58,49 @@ def test_ornstein_uhlenbeck_step_and_process():
     assert torch.equal(noise.states[(4, 2)], last)  # ... and the first one's process left alone
 
 
+def test_ornstein_uhlenbeck_process_starts_again_where_an_episode_ended():
+    noise, generator = OrnsteinUhlenbeckNoise(sigma=0.3), torch.Generator().manual_seed(0)
+    for _ in range(50):
+        noise(torch.Size([3, 2]), generator, torch.device("cpu"))
+    noise(torch.Size([1, 2]), generator, torch.device("cpu"))  # predict's process (another batch size)
+    before, other = noise.states[(3, 2)].clone(), noise.states[(1, 2)].clone()
+    noise.reset(np.array([False, True, False]))
+    after = noise.states[(3, 2)]
+    assert torch.equal(after[1], torch.zeros(2)) and before[1].abs().sum() > 0
+    assert torch.equal(after[[0, 2]], before[[0, 2]]) and torch.equal(noise.states[(1, 2)], other)
+
+
+class EndsEveryThreeSteps(gym.Wrapper):
+    def reset(self, **kwargs):
+        self.t = 0
+        return self.env.reset(**kwargs)
+
+    def step(self, action):
+        obs, reward, terminated, _, info = self.env.step(action)
+        self.t += 1
+        return obs, reward, terminated, self.t % 3 == 0, info
+
+
+def test_td3_sampling_resets_the_noise_of_the_envs_whose_episode_ended(monkeypatch):
+    """The process each exploring action starts from: zero right after an env's episode ended
+    (at the reset step of next-step autoreset), else where the last action left it."""
+    entries = []
+    draw = OrnsteinUhlenbeckNoise.__call__
+
+    def watched(self, shape, generator, device):
+        entries.append(self.states.get(tuple(shape), torch.full(tuple(shape), float("nan"))).clone())
+        return draw(self, shape, generator, device)
+
+    monkeypatch.setattr(OrnsteinUhlenbeckNoise, "__call__", watched)
+    model = TD3(**{**SMALL, "env": lambda: EndsEveryThreeSteps(gym.make("Pendulum-v1")), "num_envs": 2,
+                   "learning_starts": 0, "train_freq": 1, "action_noise": "ornstein-uhlenbeck"})
+    fit_iterations(model, 12)
+    assert len(entries) == 12  # one exploring action per iteration (train_freq 1), for both envs at once
+    starts = torch.stack(entries[1:]).squeeze(-1)  # [call, env] for calls 2 to 12
+    zero = [i for i in range(11) if (i + 2) % 4 == 0]  # calls 4, 8, 12: after steps 3, 7, 11 ended episodes
+    assert (starts[zero] == 0).all() and (starts[[i for i in range(11) if i not in zero]] != 0).all()
+
+
 # --------------------------------------------------------------------------- the update by value
 def _transitions(model: TD3, n: int = 6) -> SampleBatch:
     g = torch.Generator().manual_seed(1)

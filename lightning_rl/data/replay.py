@@ -127,6 +127,8 @@ class ReplayDataModule(EnvDataModule):
                     out = policy.act(torch.tensor(self.sampler.obs), self.generator, {})
                     actions = out[SampleBatch.ACTIONS].cpu().numpy()
                 obs, rewards, terminateds, truncateds, valid = self.sampler.step(actions)
+                if (ended := terminateds | truncateds).any():
+                    policy.episodes_ended(ended)
                 self.buffer.add(obs, actions, rewards, terminateds, truncateds, valid)
                 agent_steps += int(valid.sum())
                 self.env_steps += self.num_envs

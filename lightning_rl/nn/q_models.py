@@ -7,6 +7,7 @@ import math
 from collections.abc import Sequence
 
 import gymnasium as gym
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -159,9 +160,9 @@ class TwinQ(nn.Module):
 
 class OrnsteinUhlenbeckNoise:
     """Temporally correlated exploration noise, one process per env (Uhlenbeck & Ornstein 1930, as
-    DDPG's paper explores): ``x <- x - theta * x * dt + sigma * sqrt(dt) * N(0, 1)``, from zero.
-    The process runs on across episode ends. Its state is per DDP rank (``states``, saved in
-    checkpoints by TD3)."""
+    DDPG's paper explores): ``x <- x - theta * x * dt + sigma * sqrt(dt) * N(0, 1)``, from zero,
+    and from zero again in an env whose episode ended (``reset``; Stable-Baselines3 resets its
+    noise there too). Its state is per DDP rank (``states``, saved in checkpoints by TD3)."""
 
     def __init__(self, sigma: float, theta: float = 0.15, dt: float = 1e-2) -> None:
         self.sigma, self.theta, self.dt = sigma, theta, dt
@@ -175,6 +176,12 @@ class OrnsteinUhlenbeckNoise:
         gaussian = torch.randn(shape, generator=generator, device=device)
         self.states[tuple(shape)] = ornstein_uhlenbeck_step(state, gaussian, self.sigma, self.theta, self.dt)
         return self.states[tuple(shape)]
+
+    def reset(self, ended: np.ndarray) -> None:
+        """The processes of the envs whose episode ended (``ended [N]`` bool) start again from zero."""
+        for shape, state in self.states.items():
+            if shape[0] == len(ended):
+                self.states[shape] = state.masked_fill(torch.as_tensor(ended, device=state.device).unsqueeze(-1), 0.0)
 
 
 class DeterministicActor(nn.Module):

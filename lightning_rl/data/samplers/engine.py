@@ -133,6 +133,14 @@ class ExploringPolicy:
     def act(self, obs: Tensor, generator: torch.Generator, inputs: dict[str, Tensor]) -> dict[str, Tensor]:
         return act(self.policy, obs, self.device, True, generator, inputs, **self.exploration)
 
+    def episodes_ended(self, ended: np.ndarray) -> None:
+        """Exploration that carries over steps (an Ornstein-Uhlenbeck process, anything in the
+        exploration arguments with a ``reset``) starts again in the envs whose episode ended."""
+        for value in self.exploration.values():
+            reset = getattr(value, "reset", None)
+            if callable(reset):
+                reset(ended)
+
     def initial_state(self, n: int) -> Tensor:
         return self.policy.initial_state(n)
 
