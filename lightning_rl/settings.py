@@ -77,8 +77,9 @@ SETTINGS: dict[str, str] = {
     "total_env_steps": "stop ``fit`` once this many env steps were sampled (over DDP ranks); ``None``: Trainer limits.",
     "iterations_per_epoch": "training iterations per Lightning epoch: the cadence of checkpoints and validation.",
     "iterations_per_step": (
-        "training iterations (rollout, then update) run back to back in one Lightning training step, which pays "
-        "Lightning's per-step loop once for all: the same results, faster where an iteration is small (A2C)."
+        "training iterations (sampling, then update) run back to back in one Lightning training step, which pays "
+        "Lightning's per-step loop once for all: the same results, faster where an iteration is small (A2C; "
+        "SAC and TD3 at one env step per iteration)."
     ),
     "seed": "seeds network init, sampling, shuffling and envs (``seed + 1000 * rank``); ``None``: random.",
     "vectorization": "``auto`` (the env's own vector env, if any), ``sync``, ``async``, ``vector_entry_point`` "

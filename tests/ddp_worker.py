@@ -151,9 +151,10 @@ def main(out: Path, mode: str) -> None:
     elif mode == "dqn_uneven":
         model = DQN(env="CartPole-v1", num_envs=4, train_freq=16, num_gradient_steps=1, learning_starts=65,
                     train_batch_size=114, buffer_size=2000, hiddens=(16,), total_env_steps=2 * 64 * 12, **common)
-    elif mode == "sac":
+    elif mode in ("sac", "sac_streamed"):  # sac_streamed: 4 iterations (env steps) per Lightning step
         model = SAC(env="Pendulum-v1", learning_starts=32, train_batch_size=32, hiddens=(16,),
-                    total_env_steps=2 * 48, prioritized_replay=True, **common)
+                    total_env_steps=2 * 48, prioritized_replay=True, **common,
+                    **({"iterations_per_step": 4} if mode == "sac_streamed" else {}))
     elif mode == "td3":  # Ornstein-Uhlenbeck noise: each rank's process is its own
         model = TD3(env="Pendulum-v1", learning_starts=32, train_batch_size=32, hiddens=(16,),
                     total_env_steps=2 * 48, prioritized_replay=True, action_noise="ornstein-uhlenbeck", **common)

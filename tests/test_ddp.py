@@ -174,6 +174,16 @@ def test_several_iterations_per_step_under_ddp_match_one_per_step(tmp_path):
     assert streamed["rows"] == single["rows"] > 0
 
 
+def test_several_off_policy_iterations_per_step_under_ddp_match_one_per_step(tmp_path):
+    """SAC with 4 iterations (an env step and a gradient step each) per Lightning step under
+    2-rank DDP: the same weights, to the bit, and counters as one iteration per step."""
+    (tmp_path / "streamed").mkdir(), (tmp_path / "single").mkdir()
+    streamed, _, _ = run_ddp(tmp_path / "streamed", "sac_streamed", timeout=300)
+    single, _, _ = run_ddp(tmp_path / "single", "sac", timeout=300)
+    assert streamed["params"] == single["params"]
+    assert streamed["counters"] == single["counters"] and streamed["counters"]["num_grad_updates"] > 0
+
+
 def test_dict_observations_and_multi_discrete_actions_under_ddp(tmp_path):
     """PPO on CueMatch (Dict observations flattened at the envs, MultiDiscrete actions with a
     non-zero start): both ranks take the same steps and end with identical weights."""

@@ -10,7 +10,7 @@ import pytest
 import pytorch_lightning as pl
 import torch
 
-from lightning_rl import A2C, PPO
+from lightning_rl import A2C, DQN, PPO, SAC
 from lightning_rl.data.base import IterationStream
 from lightning_rl.update import hooks_free
 from tests.conftest import quiet_trainer
@@ -22,6 +22,13 @@ MAKERS = {
     "ppo": lambda k, **kw: PPO(env="CartPole-v1", num_envs=2, rollout_fragment_length=16, sgd_minibatch_size=16,
                                num_sgd_iter=2, hiddens=(16,), seed=1, iterations_per_epoch=6, iterations_per_step=k,
                                **{"total_env_steps": 2 * 16 * 9, **kw}),
+    # one env step and one gradient step per iteration, learning from the 51st; an episode ends at 200
+    "sac": lambda k, **kw: SAC(env="Pendulum-v1", seed=1, hiddens=(16,), train_batch_size=16, buffer_size=1000,
+                               iterations_per_step=k, **{"total_env_steps": 230, "iterations_per_epoch": 100,
+                                                         "learning_starts": 50, **kw}),
+    "dqn": lambda k, **kw: DQN(env="CartPole-v1", num_envs=2, seed=1, hiddens=(16,), learning_starts=32,
+                               train_freq=8, num_gradient_steps=4, train_batch_size=16, buffer_size=1000,
+                               iterations_per_epoch=6, iterations_per_step=k, **{"total_env_steps": 2 * 8 * 23, **kw}),
 }
 
 
@@ -52,9 +59,9 @@ def same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
 
 
 @pytest.mark.parametrize("k", [3, 4])
-@pytest.mark.parametrize("algo", ["a2c", "ppo"])
+@pytest.mark.parametrize("algo", ["a2c", "ppo", "sac", "dqn"])
 def test_several_iterations_per_step_learn_exactly_as_one_per_step(algo, k):
-    """Epochs of 10 (A2C) or 6 (PPO) iterations cut into steps of 3 or 4 (the last one shorter),
+    """Epochs of 10 (A2C), 6 (PPO, DQN) or 100 (SAC) iterations cut into steps of 3 or 4 (the last one shorter),
     the budget spent inside a step: the same weights to the bit, counters, optimizer steps and
     finished episodes as one iteration per step; each epoch has ceil(iterations / k) steps."""
     single, t1, seen1 = fit(MAKERS[algo](1))
@@ -77,11 +84,13 @@ def test_max_steps_stops_inside_a_step_where_one_per_step_stops():
     assert seen.steps == [5, 10, 13]
 
 
-def test_resume_with_several_iterations_per_step_is_exact(tmp_path):
+@pytest.mark.parametrize("algo", ["a2c", "sac"])
+def test_resume_with_several_iterations_per_step_is_exact(tmp_path, algo):
     """Two epochs of 10 iterations in steps of 4, 4 and 2, against the first epoch, saved and
-    resumed: the same weights and counters to the bit."""
-    def make() -> A2C:
-        return MAKERS["a2c"](4, total_env_steps=None)
+    resumed: the same weights and counters to the bit (SAC: its replay buffer saved too)."""
+    def make() -> pl.LightningModule:
+        return MAKERS[algo](4, total_env_steps=None,
+                            **({"learning_starts": 5, "iterations_per_epoch": 10} if algo == "sac" else {}))
 
     full = make()
     quiet_trainer(max_epochs=2).fit(full)
@@ -93,7 +102,8 @@ def test_resume_with_several_iterations_per_step_is_exact(tmp_path):
     quiet_trainer(max_epochs=2, default_root_dir=tmp_path).fit(resumed, ckpt_path=tmp_path / "mid.ckpt")
     assert same_weights(full, resumed) and not same_weights(first, resumed)
     assert full.counters == resumed.counters
-    assert full.counters["num_iterations"] == 2 * 10 and full.trainer.global_step == 20
+    # an optimizer step per iteration for A2C; SAC's start once its replay has learning_starts steps
+    assert full.counters["num_iterations"] == 2 * 10 and full.trainer.global_step == (20 if algo == "a2c" else 16)
 
 
 @pytest.mark.parametrize("flag", [{"limit_train_batches": 3}, {"val_check_interval": 2, "limit_val_batches": 0},

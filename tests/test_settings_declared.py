@@ -29,6 +29,7 @@ DECLARED_TWICE = {
     "kl_coeff": "PPO (adaptive, 0: off) and APPO (fixed, with use_kl_loss)",
     "target_network_update_freq": "OffPolicyModule (env steps, Q targets) and APPO (trained steps, target policy)",
     "optimizer": "A2C (Adam with PPO's eps, fused) and A3C (plain Adam): the same choice, two optimizers",
+    "iterations_per_step": "OnPolicyModule and OffPolicyModule (the sampler-worker algorithms take none)",
 }
 
 

@@ -50,6 +50,7 @@ class APEX(SamplerWorkers, LearnerQueue, DQN):
     fixed_settings: ClassVar[dict[str, Any]] = dict(
         sampling_device="cpu", train_freq=64, tau=1.0, prioritized_replay=True, epsilon_start=1.0, epsilon_end=0.02,
         epsilon_timesteps=10_000, policies=None, policy_mapping_fn=None, policies_to_train=None,
+        iterations_per_step=1,
     )
 
     def __init__(

@@ -50,10 +50,12 @@ class OffPolicyModule(Algorithm):
         prioritized_replay_eps: float = 1e-6,
         checkpoint_replay_buffer: bool | str = "auto",
         replay_frame_stack: bool | str = "auto",
+        iterations_per_step: int = 1,
         **settings: Any,
     ) -> None:
         super().__init__(**settings)
-        check_positive(num_gradient_steps=num_gradient_steps, train_batch_size=train_batch_size)
+        check_positive(num_gradient_steps=num_gradient_steps, train_batch_size=train_batch_size,
+                       iterations_per_step=iterations_per_step)
         if buffer_size < train_batch_size:
             raise ValueError(f"buffer_size ({buffer_size}) is smaller than train_batch_size ({train_batch_size})")
         if target_network_update_freq < 0:
@@ -86,6 +88,8 @@ class OffPolicyModule(Algorithm):
             self.default_datamodule = ReplayDataModule(self.env_spec, vectorization=self.vectorization,
                                                        check_finite=self.check_finite,
                                                        replay_frame_stack=replay_frame_stack, **replay)
+        self.iterations_per_step = int(iterations_per_step)
+        self.default_datamodule.requested_iterations_per_step = self.iterations_per_step
         self._last_target_update = 0
 
     def update(self, policy_id: str, batch: SampleBatch) -> dict[str, Any]:
