@@ -74,7 +74,7 @@ def _lightning() -> SimpleNamespace:
     """Lightning's CLI classes as lightning_rl's (``RLArgumentParser``, ``RLCLI``), defined on first
     use: importing Lightning (and torch) takes seconds that help and argument errors do not wait
     for. Also imports every algorithm, so ``--model PPO`` and checkpoints resolve."""
-    from jsonargparse import Namespace
+    from jsonargparse import Namespace, set_parsing_settings
     from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
     from pytorch_lightning.loggers import CSVLogger
 
@@ -90,6 +90,9 @@ def _lightning() -> SimpleNamespace:
         resolve_algorithm,
     )
     from lightning_rl.data.envs import check_env
+
+    # each setting's help is the docstring under its field (jsonargparse reads the bases' too)
+    set_parsing_settings(docstring_parse_attribute_docstrings=True)
 
     class RLArgumentParser(LightningArgumentParser):
         """Lightning's parser, with jsonargparse's multi-line reports turned into one line that

@@ -97,7 +97,7 @@ def test_a_redeclared_field_changes_a_default_and_init_false_fixes_a_setting():
     with pytest.raises(TypeError, match=r"got an unexpected keyword argument 'num_sgd_iter'"):
         Short(num_sgd_iter=3)
     # a plain new default keeps the inherited check and resumability
-    with pytest.raises(ValueError, match="^lr must be positive, got -1$"):
+    with pytest.raises(ValueError, match=r"^lr must be positive, got -1$"):
         Short(lr=-1)
     assert resumable_settings(Short) == resumable_settings(PPO)
 
