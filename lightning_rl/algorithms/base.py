@@ -22,6 +22,13 @@ from pytorch_lightning.trainer.states import TrainerFn, TrainerStatus
 from pytorch_lightning.utilities import rank_zero_warn
 from torch import nn
 
+from lightning_rl.algorithms.common import (
+    EnvSettings,
+    MultiAgentSettings,
+    NetworkSettings,
+    OptimizationSettings,
+    RunSettings,
+)
 from lightning_rl.batch import MultiAgentBatch
 from lightning_rl.callbacks.trainer_wiring import TrainerWiring
 from lightning_rl.checkpoint import (
@@ -35,27 +42,21 @@ from lightning_rl.checkpoint import (
 )
 from lightning_rl.counters import count_iteration, new_counters, summed_over_ranks
 from lightning_rl.data.base import EnvDataModule, IterationStream, lightning_seed, new_generator, rank_seed
-from lightning_rl.data.envs import EnvSpec, env_spec
+from lightning_rl.data.envs import env_spec
 from lightning_rl.data.multi_agent import is_multi_agent_env
 from lightning_rl.distributed import bypass_ddp_gradient_sync, multiprocessing_refused
-from lightning_rl.evaluation import DEFAULT_MAX_EPISODE_STEPS, EpisodeEnds, EvaluationHooks
+from lightning_rl.evaluation import EpisodeEnds, EvaluationHooks
 from lightning_rl.functional import piecewise_linear
 from lightning_rl.inference import ActionAPI
 from lightning_rl.learner_info import LazyLearnerInfo, LearnerInfoBuilder
-from lightning_rl.nn.encoders import Activation, EncoderSpec
-from lightning_rl.policies import Policies, PolicyMapping
+from lightning_rl.policies import Policies
 from lightning_rl.process import ProcessSettings
 from lightning_rl.settings import (
-    Schedule,
-    at_least,
     check_settings,
     hyperparameters,
-    interval,
     no_caller,
-    positive,
     received_settings,
     resolve_schedule,
-    setting,
     settings,
 )
 from lightning_rl.update import LossFn, UpdateStep, check_updates
@@ -66,70 +67,21 @@ def _of_policies(name: str, doc: str) -> property:
 
 
 @settings
-class Algorithm(ActionAPI, EvaluationHooks, pl.LightningModule):
+class Algorithm(MultiAgentSettings, NetworkSettings, OptimizationSettings, RunSettings, EnvSettings,  # (fields:
+                ActionAPI, EvaluationHooks, pl.LightningModule):  # the last base's first)
     """Base of all algorithms: the iteration loop, the counters, the Lightning hooks.
 
     Subclasses build their networks into ``self.policies`` (``Policies.build``) and their
     default DataModule (``self.default_datamodule``), and implement ``learn_on_batch``.
 
     Settings are typed dataclass fields (``settings.settings``), each declared once with its
-    default and the docstring under it: those every algorithm takes here, with PPO's defaults,
-    the groups several take in ``algorithms/common.py``, and each algorithm's own in its class.
+    default and the docstring under it: those every algorithm takes in the groups it inherits
+    (``algorithms/common.py``: env and sampling, run, optimization, network, multi-agent), with
+    PPO's defaults, the groups several algorithms take there too, and each algorithm's own in its
+    class.
     ``__init__`` is the dataclass's (``env`` positional, the others keyword-only); each class's
     ``__post_init__`` (``super().__post_init__()`` first) does what its settings imply.
     """
-
-    env: EnvSpec = setting(default="CartPole-v1", kw_only=False)
-    """gymnasium id (``"module:Id"`` imports ``module`` first) or a callable returning an Env or a PettingZoo env."""
-    env_kwargs: dict[str, Any] | None = None
-    """keyword arguments for every env made (training, evaluation, ``record``), kept in checkpoints."""
-    num_envs: int = 8
-    """envs stepped in parallel (per process under DDP)."""
-    total_env_steps: int | None = setting(default=100_000, check=at_least(1, or_none=True), resumable=True)
-    """stop ``fit`` once this many env steps were sampled (over DDP ranks); ``None``: Trainer limits."""
-    iterations_per_epoch: int = setting(default=10, resumable=True)
-    """training iterations per Lightning epoch: the cadence of checkpoints and validation."""
-    seed: int | None = None
-    """seeds network init, sampling, shuffling and envs (``seed + 1000 * rank``); ``None``: random."""
-    vectorization: str = "auto"
-    """``auto`` (the env's own vector env, if any), ``sync``, ``async``, ``vector_entry_point`` or ``envpool``
-    (envpool's C++ envs for the ids it provides: ALE, classic control, MuJoCo)."""
-    num_cpu_threads: int | None = setting(default=1, resumable=True)
-    """torch intra-op threads during ``fit`` (restored after; one is fastest for small MLPs, as rl-zoo sets);
-    ``None`` leaves torch's setting alone."""
-    cpu_affinity: bool = setting(default=True, resumable=True)
-    """under DDP on CPU, pin each local rank to its own share of the CPUs during ``fit`` (Linux)."""
-    evaluation_interval: int | None = setting(default=None, check=positive, resumable=True)
-    """epochs between greedy evaluations (Lightning validation, ``val/*``); ``None``: none."""
-    evaluation_num_episodes: int = setting(default=10, check=positive, resumable=True)
-    """greedy episodes per evaluation (validation and test), one per env."""
-    evaluation_max_episode_steps: int = setting(default=DEFAULT_MAX_EPISODE_STEPS, check=positive, resumable=True)
-    """steps after which an evaluation, test or ``record`` episode is cut (its return so far counted, with a
-    warning naming the env) when the env sets no time limit of its own."""
-    check_finite: bool = setting(default=True, resumable=True)
-    """raise on a NaN or infinite reward or observation, naming the field, the env and its step."""
-    compile: bool = setting(default=False, resumable=True)  # type: ignore[assignment]  # nn.Module.compile
-    """run each update step as compiled graphs (same results up to rounding; else eager, with a warning)."""
-    lr: float = setting(default=3e-4, check=positive)
-    """Adam's learning rate."""
-    lr_schedule: Schedule = None
-    """``constant``/``None``, ``linear`` (to 0 at ``total_env_steps``) or ``[[env_step, lr], ...]``."""
-    gamma: float = setting(default=0.99, check=interval("(0, 1]"))
-    """discount factor in (0, 1]."""
-    grad_clip: float | None = setting(default=0.5, check=positive)
-    """maximum global norm of the gradients (``None``: no clipping)."""
-    hiddens: Sequence[int] = (64, 64)
-    """MLP layer sizes of the policy and of the value network (after ``encoder``)."""
-    activation: Activation = "tanh"
-    """the MLP's activation: a name such as ``tanh``, an import path or an ``nn.Module`` class."""
-    encoder: EncoderSpec = None
-    """network before the MLP: an ``nn.Module`` class or factory of the observation space, or an import path."""
-    policies: Sequence[str] | dict[str, dict[str, Any]] | None = None  # type: ignore[assignment]  # then the module
-    """multi-agent: policy ids, or ``{id: per-policy settings such as hiddens}``."""
-    policy_mapping_fn: PolicyMapping | None = None
-    """multi-agent: agent id -> policy id, a callable or an ``{agent: policy}`` table."""
-    policies_to_train: Sequence[str] | None = None
-    """multi-agent: the policies that learn (``None``: all)."""
 
     def __post_init__(self) -> None:
         received = received_settings(self)  # before anything replaces them (policies: the Policies module)

@@ -1,12 +1,103 @@
-"""Groups of settings several algorithms take, each declared once: dataclass mixins of fields
-(``settings.settings``). An algorithm takes a group by inheriting it; its signature, its
-hyperparameters and ``--model.help`` show the group's settings with the algorithm's own."""
+"""Groups of settings, each declared once: dataclass mixins of fields (``settings.settings``).
+``Algorithm`` takes the first five (every algorithm's settings, with PPO's defaults); an
+algorithm takes the others by inheriting them. Its signature, its hyperparameters and
+``--model.help`` show the groups' settings with the algorithm's own."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from lightning_rl.settings import interval, setting, settings
+from lightning_rl.data.envs import EnvSpec
+from lightning_rl.evaluation import DEFAULT_MAX_EPISODE_STEPS
+from lightning_rl.nn.encoders import Activation, EncoderSpec
+from lightning_rl.policies import PolicyMapping
+from lightning_rl.settings import Schedule, at_least, interval, positive, setting, settings
+
+
+@settings
+class EnvSettings:
+    """The envs, how many steps a run samples and how they are seeded and stepped (every
+    algorithm)."""
+
+    env: EnvSpec = setting(default="CartPole-v1", kw_only=False)
+    """gymnasium id (``"module:Id"`` imports ``module`` first) or a callable returning an Env or a PettingZoo env."""
+    env_kwargs: dict[str, Any] | None = None
+    """keyword arguments for every env made (training, evaluation, ``record``), kept in checkpoints."""
+    num_envs: int = 8
+    """envs stepped in parallel (per process under DDP)."""
+    total_env_steps: int | None = setting(default=100_000, check=at_least(1, or_none=True), resumable=True)
+    """stop ``fit`` once this many env steps were sampled (over DDP ranks); ``None``: Trainer limits."""
+    iterations_per_epoch: int = setting(default=10, resumable=True)
+    """training iterations per Lightning epoch: the cadence of checkpoints and validation."""
+    seed: int | None = None
+    """seeds network init, sampling, shuffling and envs (``seed + 1000 * rank``); ``None``: random."""
+    vectorization: str = "auto"
+    """``auto`` (the env's own vector env, if any), ``sync``, ``async``, ``vector_entry_point`` or ``envpool``
+    (envpool's C++ envs for the ids it provides: ALE, classic control, MuJoCo)."""
+
+
+@settings
+class RunSettings:
+    """How a run goes: its process settings, evaluation, checks and compilation (every
+    algorithm)."""
+
+    num_cpu_threads: int | None = setting(default=1, resumable=True)
+    """torch intra-op threads during ``fit`` (restored after; one is fastest for small MLPs, as rl-zoo sets);
+    ``None`` leaves torch's setting alone."""
+    cpu_affinity: bool = setting(default=True, resumable=True)
+    """under DDP on CPU, pin each local rank to its own share of the CPUs during ``fit`` (Linux)."""
+    evaluation_interval: int | None = setting(default=None, check=positive, resumable=True)
+    """epochs between greedy evaluations (Lightning validation, ``val/*``); ``None``: none."""
+    evaluation_num_episodes: int = setting(default=10, check=positive, resumable=True)
+    """greedy episodes per evaluation (validation and test), one per env."""
+    evaluation_max_episode_steps: int = setting(default=DEFAULT_MAX_EPISODE_STEPS, check=positive, resumable=True)
+    """steps after which an evaluation, test or ``record`` episode is cut (its return so far counted, with a
+    warning naming the env) when the env sets no time limit of its own."""
+    check_finite: bool = setting(default=True, resumable=True)
+    """raise on a NaN or infinite reward or observation, naming the field, the env and its step."""
+    compile: bool = setting(default=False, resumable=True)  # type: ignore[assignment]  # nn.Module.compile
+    """run each update step as compiled graphs (same results up to rounding; else eager, with a warning)."""
+
+
+@settings
+class OptimizationSettings:
+    """The learning rate and its schedule, the discount and the gradient clip (every
+    algorithm)."""
+
+    lr: float = setting(default=3e-4, check=positive)
+    """Adam's learning rate."""
+    lr_schedule: Schedule = None
+    """``constant``/``None``, ``linear`` (to 0 at ``total_env_steps``) or ``[[env_step, lr], ...]``."""
+    gamma: float = setting(default=0.99, check=interval("(0, 1]"))
+    """discount factor in (0, 1]."""
+    grad_clip: float | None = setting(default=0.5, check=positive)
+    """maximum global norm of the gradients (``None``: no clipping)."""
+
+
+@settings
+class NetworkSettings:
+    """The shape of the networks (every algorithm)."""
+
+    hiddens: Sequence[int] = (64, 64)
+    """MLP layer sizes of the policy and of the value network (after ``encoder``)."""
+    activation: Activation = "tanh"
+    """the MLP's activation: a name such as ``tanh``, an import path or an ``nn.Module`` class."""
+    encoder: EncoderSpec = None
+    """network before the MLP: an ``nn.Module`` class or factory of the observation space, or an import path."""
+
+
+@settings
+class MultiAgentSettings:
+    """The policies of a multi-agent (PettingZoo) env and the agents they act for (every
+    algorithm; those without multi-agent support fix them with ``init=False``)."""
+
+    policies: Sequence[str] | dict[str, dict[str, Any]] | None = None  # type: ignore[assignment]  # then the module
+    """multi-agent: policy ids, or ``{id: per-policy settings such as hiddens}``."""
+    policy_mapping_fn: PolicyMapping | None = None
+    """multi-agent: agent id -> policy id, a callable or an ``{agent: policy}`` table."""
+    policies_to_train: Sequence[str] | None = None
+    """multi-agent: the policies that learn (``None``: all)."""
 
 
 @settings

@@ -13,7 +13,7 @@ from lightning_rl.algorithms.on_policy import OnPolicyModule
 from lightning_rl.batch import SampleBatch
 from lightning_rl.distributed import mean_over_ranks
 from lightning_rl.functional import explained_variance, masked_mean, ppo_surrogate_loss, value_loss
-from lightning_rl.settings import Schedule, at_least, positive, resolve_schedule, setting, settings
+from lightning_rl.settings import Schedule, resolve_schedule, settings
 
 # Under bf16-mixed the learner's CNN trunk rounds (its heads are float32), so the ratio starts an
 # update off 1 by up to about 0.01 (90th percentile) for a trained policy (benchmarks/bf16_ratio.py).
@@ -29,19 +29,25 @@ class PPO(OnPolicyModule):
         pg_loss + vf_loss_coeff * vf_loss - entropy_coeff * entropy + kl_coeff * kl
     """
 
-    clip_param: float = setting(default=0.2, check=positive)
+    clip_param: float = 0.2
     """surrogate clip range epsilon."""
     clip_param_schedule: Schedule = None
     """``constant``/``None``, ``linear`` (to 0 at ``total_env_steps``) or ``[[step, clip], ...]``."""
-    vf_clip_param: float | None = setting(default=None, check=positive)
+    vf_clip_param: float | None = None
     """clip value predictions to ``old +- vf_clip_param`` (``None``: no clipping)."""
-    kl_coeff: float = setting(default=0.0, check=at_least(0))
+    kl_coeff: float = 0.0
     """initial weight of the KL(old || new) penalty (0: no penalty)."""
-    kl_target: float = setting(default=0.01, check=positive)
+    kl_target: float = 0.01
     """the KL weight is multiplied by 1.5 above ``2 * kl_target`` and by 0.5 below ``kl_target / 2``."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        clip_param, vf_clip_param, kl_coeff, kl_target = (self.clip_param, self.vf_clip_param, self.kl_coeff,
+                                                          self.kl_target)
+        if clip_param <= 0 or (vf_clip_param is not None and vf_clip_param <= 0):
+            raise ValueError(f"clip_param and vf_clip_param must be positive, got {clip_param}, {vf_clip_param}")
+        if kl_coeff < 0 or kl_target <= 0:
+            raise ValueError(f"kl_coeff must be >= 0 and kl_target > 0, got {kl_coeff}, {kl_target}")
         self.clip_points = resolve_schedule("clip_param_schedule", self.clip_param_schedule, self.clip_param,
                                             self.total_env_steps)
         self.kl_coeff = {policy_id: float(self.kl_coeff) for policy_id in self.policies}  # type: ignore[assignment]
