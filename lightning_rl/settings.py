@@ -56,11 +56,6 @@ def check_positive(**values: float | None) -> None:
             raise ValueError(f"{name} must be positive, got {value}")
 
 
-def check_gamma(gamma: float) -> None:
-    if not 0.0 < gamma <= 1.0:
-        raise ValueError(f"gamma must be in (0, 1], got {gamma}")
-
-
 def plain_hyperparameters(init_args: dict[str, Any], ignore: list[str]) -> dict[str, Any]:
     """The hyperparameters among ``init_args`` to save as something else than themselves: an
     importable encoder or activation class as its import path (plain data that reloads), any
@@ -241,8 +236,8 @@ def _attribute_docstrings(klass: type) -> dict[str, str]:
 
 def hyperparameters(module: Any, names: Sequence[str] = (), ignore: Sequence[str] | str | None = None
                     ) -> dict[str, Any]:
-    """What a checkpoint keeps of the settings ``module`` was made with (those the outermost
-    ``__init__`` received, defaults filled in; ``names``: only these; less ``ignore``): callable
+    """What a checkpoint keeps of the settings ``module`` was made with (its fields as its
+    dataclass ``__init__`` set them, defaults filled in; ``names``: only these; less ``ignore``): callable
     ones (an env factory, a lambda) as a ``"<callable name>"`` placeholder, since Lightning would
     drop the ones it cannot pickle and a checkpoint that holds code cannot load safely; an
     importable encoder or activation class as its import path."""
