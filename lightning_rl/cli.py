@@ -55,39 +55,6 @@ ALGORITHMS = ("A2C", "A3C", "APEX", "APPO", "DDPG", "DQN", "IMPALA", "PPO", "SAC
 
 # Lightning's own --ckpt_path values that name no file ("last" checkpoint of this run, ...).
 LIGHTNING_CKPT_NAMES = ("last", "best", "hpc", "registry")
-# The settings a command line may change when it continues a checkpoint (resume, validate,
-# test): how long, how often, where and how fast a run goes. All others (the env, the network,
-# the spaces, the update's hyperparameters, the samplers' layout) are the checkpoint's; giving
-# a different value is an error that names the setting.
-RESUMABLE_SETTINGS = (
-    "total_env_steps",
-    "iterations_per_epoch",
-    "iterations_per_step",
-    "evaluation_interval",
-    "evaluation_num_episodes",
-    "evaluation_max_episode_steps",
-    "num_cpu_threads",
-    "cpu_affinity",
-    "compile",
-    "check_finite",
-    "sampler_timeout_s",
-    "restart_failed_workers",
-    "sampler_backend",
-    "ray_address",
-    "num_cpus_per_worker",
-    "custom_resources_per_worker",
-)
-DESCRIPTIONS = {
-    "fit": "Train an algorithm: --model NAME ({algos}) or -c CONFIG.yaml. Every setting of an algorithm, "
-           "described: lightning-rl fit --model.help PPO. --ckpt_path CKPT resumes a run with the "
-           "checkpoint's settings; the command line may change only " + ", ".join(RESUMABLE_SETTINGS) + ".",
-    "validate": "Play evaluation_num_episodes greedy episodes and log val/*: lightning-rl validate --ckpt_path "
-                "CKPT (the algorithm and its settings come from the checkpoint). Every setting of an algorithm, "
-                "described: lightning-rl validate --model.help PPO.",
-    "test": "Play evaluation_num_episodes greedy episodes on test envs (seeded apart from validation's) and log "
-            "test/*: lightning-rl test --ckpt_path CKPT (the algorithm and its settings come from the checkpoint). "
-            "Every setting of an algorithm, described: lightning-rl test --model.help PPO.",
-}
 PREDICT_REFUSAL = (
     "not offered: a policy acts on observations from an env, which Lightning's predict loop does not have; "
     "play greedy episodes with `lightning-rl test --ckpt_path CKPT` (logs test/*) or `lightning-rl record "
@@ -107,7 +74,7 @@ def _lightning() -> SimpleNamespace:
     """Lightning's CLI classes as lightning_rl's (``RLArgumentParser``, ``RLCLI``), defined on first
     use: importing Lightning (and torch) takes seconds that help and argument errors do not wait
     for. Also imports every algorithm, so ``--model PPO`` and checkpoints resolve."""
-    from jsonargparse import Namespace
+    from jsonargparse import Namespace, set_parsing_settings
     from pytorch_lightning.cli import LightningArgumentParser, LightningCLI
     from pytorch_lightning.loggers import CSVLogger
 
@@ -123,6 +90,9 @@ def _lightning() -> SimpleNamespace:
         resolve_algorithm,
     )
     from lightning_rl.data.envs import check_env
+
+    # each setting's help is the docstring under its field (jsonargparse reads the bases' too)
+    set_parsing_settings(docstring_parse_attribute_docstrings=True)
 
     class RLArgumentParser(LightningArgumentParser):
         """Lightning's parser, with jsonargparse's multi-line reports turned into one line that
@@ -569,56 +539,105 @@ def _cli_value(value: Any) -> str:
 
 
 @functools.cache
-def _declared_settings() -> dict[str, frozenset[str]] | None:
-    """The names of each built-in algorithm's settings, read from the source of
-    ``lightning_rl/algorithms`` (``ast``, nothing imported) as ``settings.declare_settings``
-    gathers them: the keyword parameters of the ``__init__`` of the class and of every class it
-    inherits there, less their ``fixed_settings``. ``None`` when the source cannot be read.
-    (``tests/test_cli_round_three.py`` checks them against the classes' signatures.)"""
+def _algorithm_sources() -> dict[str, ast.ClassDef] | None:
+    """The classes of ``lightning_rl/algorithms`` by name, read with ``ast`` (nothing imported);
+    ``None`` when the source cannot be read."""
     classes: dict[str, ast.ClassDef] = {}
     for path in sorted((Path(__file__).parent / "algorithms").glob("*.py")):
         tree = _source_tree(path)
         if tree is None:
             return None
         classes.update({n.name: n for n in tree.body if isinstance(n, ast.ClassDef)})
+    return classes
 
-    def own(node: ast.ClassDef) -> tuple[set[str], set[str]]:
-        params: set[str] = set()
-        fixed: set[str] = set()
-        for item in node.body:
-            if isinstance(item, ast.FunctionDef) and item.name == "__init__":
-                args = item.args
-                params = {a.arg for a in [*args.posonlyargs, *args.args][1:] + args.kwonlyargs}
-            target = item.target if isinstance(item, ast.AnnAssign) else \
-                item.targets[0] if isinstance(item, ast.Assign) and len(item.targets) == 1 else None
-            if isinstance(target, ast.Name) and target.id == "fixed_settings":
-                value = item.value
-                if isinstance(value, ast.Call):
-                    fixed = {k.arg for k in value.keywords if k.arg}
-                elif isinstance(value, ast.Dict):
-                    fixed = {k.value for k in value.keys if isinstance(k, ast.Constant)}
-        return params, fixed
 
-    def ancestors(name: str) -> list[str]:
-        found = [name]
-        for base in classes[name].bases:
+def _source_fields(node: ast.ClassDef) -> list[tuple[str, dict[str, Any]]]:
+    """A settings class's own fields as its source declares them: each annotated class
+    attribute (``ClassVar`` ones aside) with the keywords of its ``setting(...)`` that are
+    literals (``init``, ``resumable``)."""
+    fields: list[tuple[str, dict[str, Any]]] = []
+    for item in node.body:
+        if not (isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)):
+            continue
+        if "ClassVar" in ast.unparse(item.annotation):
+            continue
+        keywords: dict[str, Any] = {}
+        value = item.value
+        if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "setting":
+            for keyword in value.keywords:
+                if keyword.arg in ("init", "resumable") and isinstance(keyword.value, ast.Constant):
+                    keywords[keyword.arg] = keyword.value.value
+        fields.append((item.target.id, keywords))
+    return fields
+
+
+def _source_settings(name: str) -> dict[str, dict[str, Any]] | None:
+    """The settings of algorithm ``name`` read from the source, in the order of its signature
+    (as ``dataclasses`` gathers the fields: the bases' first, in reverse MRO order, a
+    re-declared one in its first place, its ``init``/``resumable`` the latest declaration's or,
+    for a plain new default, the inherited ones)."""
+    classes = _algorithm_sources()
+    if classes is None or name not in classes:
+        return None
+
+    def ancestors(klass: str) -> list[str]:
+        found = [klass]
+        for base in classes[klass].bases:
             if isinstance(base, ast.Name) and base.id in classes:
                 found += [a for a in ancestors(base.id) if a not in found]
         return found
 
-    settings: dict[str, frozenset[str]] = {}
-    for name in ALGORITHMS:
-        if name not in classes:
-            return None
-        params: set[str] = set()
-        fixed: set[str] = set()
-        for klass in ancestors(name):
-            mine, fixes = own(classes[klass])
-            params |= mine
-            fixed |= fixes
-        settings[name] = frozenset(params - fixed)
+    settings: dict[str, dict[str, Any]] = {}
+    for klass in reversed(ancestors(name)):
+        for field, keywords in _source_fields(classes[klass]):
+            if field not in settings or keywords:  # new, or re-declared with setting(...)
+                settings[field] = {"init": True, "resumable": False, **keywords}
     return settings
 
+
+@functools.cache
+def _declared_settings() -> dict[str, frozenset[str]] | None:
+    """The names of each built-in algorithm's settings, read from the source of
+    ``lightning_rl/algorithms`` (``ast``, nothing imported): the dataclass fields of the class
+    and of every class it inherits there, less those a class fixes (``setting(..., init=False)``).
+    ``None`` when the source cannot be read. (``tests/test_cli_round_three.py`` checks them
+    against the classes' signatures.)"""
+    settings: dict[str, frozenset[str]] = {}
+    for name in ALGORITHMS:
+        fields = _source_settings(name)
+        if fields is None:
+            return None
+        settings[name] = frozenset(field for field, declared in fields.items() if declared["init"])
+    return settings
+
+
+def _resumable_settings() -> tuple[str, ...]:
+    """The settings declared ``setting(..., resumable=True)`` by any built-in algorithm, in the
+    order of their first declaration, read from the source (``RESUMABLE_SETTINGS``)."""
+    names: dict[str, None] = {}
+    for name in ALGORITHMS:
+        fields = _source_settings(name) or {}
+        names.update({field: None for field, declared in fields.items() if declared["resumable"] and declared["init"]})
+    return tuple(names)
+
+
+# The settings a command line may change when it continues a checkpoint (resume, validate,
+# test): how long, how often, where and how fast a run goes, each declared
+# ``setting(..., resumable=True)`` (read from the source: nothing imported). All others (the
+# env, the network, the spaces, the update's hyperparameters, the samplers' layout) are the
+# checkpoint's; giving a different value is an error that names the setting.
+RESUMABLE_SETTINGS = _resumable_settings()
+DESCRIPTIONS = {
+    "fit": "Train an algorithm: --model NAME ({algos}) or -c CONFIG.yaml. Every setting of an algorithm, "
+           "described: lightning-rl fit --model.help PPO. --ckpt_path CKPT resumes a run with the "
+           "checkpoint's settings; the command line may change only " + ", ".join(RESUMABLE_SETTINGS) + ".",
+    "validate": "Play evaluation_num_episodes greedy episodes and log val/*: lightning-rl validate --ckpt_path "
+                "CKPT (the algorithm and its settings come from the checkpoint). Every setting of an algorithm, "
+                "described: lightning-rl validate --model.help PPO.",
+    "test": "Play evaluation_num_episodes greedy episodes on test envs (seeded apart from validation's) and log "
+            "test/*: lightning-rl test --ckpt_path CKPT (the algorithm and its settings come from the checkpoint). "
+            "Every setting of an algorithm, described: lightning-rl test --model.help PPO.",
+}
 
 def _option_value(argv: list[str], option: str) -> str | None:
     for i, arg in enumerate(argv):
@@ -678,8 +697,10 @@ def _model_help(command: str, name: str) -> str | None:
 
         if cls is None or not issubclass(cls, Algorithm):
             return None
+    from lightning_rl.settings import setting_docs
+
     params = [p for p in inspect.signature(cls.__init__).parameters.values() if p.name != "self"]
-    docs = _args_section(cls.__doc__ or "")
+    docs = setting_docs(cls)
     flags = [f"--model.{p.name} {_cli_value(p.default) if p.default is not p.empty else '(required)'}"
              for p in params]
     width = max(map(len, flags), default=0)

@@ -14,7 +14,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import docstring_parser
 import numpy as np
 import pytest
 import torch
@@ -278,11 +277,15 @@ def test_resume_refuses_by_name_what_cannot_change(ppo_ckpt, args, message, caps
 # ----------------------------------------------------------------------------- item 15: descriptions
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_every_setting_of_every_algorithm_is_described(name):
-    """In the class docstring's ``Args:`` (``help(PPO)``, editors), one line each, and as
-    jsonargparse shows it (``lightning-rl fit --model.help PPO``)."""
+    """By the docstring under its field (editors, ``lightning-rl fit --model.help PPO``), one line
+    each, and as jsonargparse shows it (Lightning's CLI, which ``lightning_rl.cli`` sets up)."""
+    from lightning_rl.cli import _lightning
+    from lightning_rl.settings import setting_docs
+
+    _lightning()  # the CLI's parsing settings: jsonargparse reads the fields' docstrings
     cls = getattr(lightning_rl, name)
     settings = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
-    documented = {p.arg_name: p.description for p in docstring_parser.parse(cls.__doc__).params}
+    documented = setting_docs(cls)
     assert [s for s in settings if not (documented.get(s) or "").strip()] == []
     assert [s for s in settings if "\n" in documented[s]] == []
     parser = ArgumentParser()

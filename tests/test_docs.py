@@ -53,7 +53,8 @@ def test_python_block_runs(block, tmp_path, monkeypatch):
     monkeypatch.setattr(pl, "Trainer", ShortTrainer)
     registry = dict(gym.envs.registry)
     try:
-        exec(compile(block.code, block.name, "exec"), {"__name__": "__doc_block__"})
+        # as its own module would run it: without this file's `from __future__ import annotations`
+        exec(compile(block.code, block.name, "exec", dont_inherit=True), {"__name__": "__doc_block__"})
     finally:
         gym.envs.registry.clear()
         gym.envs.registry.update(registry)

@@ -1,107 +1,82 @@
-"""Each shared setting is described once (``lightning_rl.settings.SETTINGS``) and every algorithm's
-``Args:`` is written from its signature (docs/design.md, issue 24's "declared once")."""
+"""Each setting is described once, by the docstring under its field (docs/design.md,
+"Settings"): ``--model.help``, the hyperparameter reference and editors read that text, a
+re-declaration that only changes a default inherits it, and ``resumable`` on the field is what
+the CLI's resume rule reads."""
 
 from __future__ import annotations
 
-import ast
+import dataclasses
 import inspect
-from pathlib import Path
+import pydoc
 
-import docstring_parser
 import pytest
 
 import lightning_rl
-from lightning_rl.algorithms.base import Algorithm
-from lightning_rl.settings import SETTINGS, SettingsGroup, document_settings
+from lightning_rl.settings import resumable_settings, setting_docs, settings
 
 ALGORITHMS = ["A2C", "A3C", "APEX", "APPO", "DDPG", "DQN", "IMPALA", "PPO", "SAC", "TD3"]
 
 
-def _source_args(cls: type) -> dict[str, str]:
-    """The settings ``cls``'s docstring describes in its source file, with their descriptions."""
-    tree = ast.parse(Path(inspect.getsourcefile(cls)).read_text())
-    node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls.__name__)
-    return {p.arg_name: p.description for p in docstring_parser.parse(ast.get_docstring(node) or "").params}
-
-
-def _inherited_description(cls: type, name: str) -> str:
-    """What an algorithm that does not describe ``name`` itself shows: the line of the nearest
-    class it inherits (an algorithm or a settings group) that describes it, else the shared one."""
-    for klass in cls.__mro__[1:]:
-        if issubclass(klass, (Algorithm, SettingsGroup)) and klass not in (Algorithm, SettingsGroup):
-            own = _source_args(klass)
-            if name in own:
-                return own[name]
-    return SETTINGS.get(name, "")
-
-
 @pytest.mark.parametrize("name", ALGORITHMS)
-def test_args_follow_the_signature_with_the_shared_descriptions(name):
+def test_every_setting_has_a_type_and_a_one_line_description(name):
     cls = getattr(lightning_rl, name)
-    settings = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
-    described = docstring_parser.parse(cls.__doc__).params
-    assert [p.arg_name for p in described][: len(settings)] == settings  # in signature order
-    own = _source_args(cls)
-    for param in described:
-        if param.arg_name not in own:
-            assert param.description == _inherited_description(cls, param.arg_name), param.arg_name
-    # no source docstring repeats a line it would inherit word for word: it lives in one place
-    repeated = [p.arg_name for p in docstring_parser.parse(inspect.cleandoc(cls.__doc__)).params
-                if p.arg_name in own and _inherited_description(cls, p.arg_name) == p.description]
+    docs = setting_docs(cls)
+    for param in inspect.signature(cls).parameters.values():
+        assert param.annotation is not inspect.Parameter.empty, param.name
+        assert docs.get(param.name), f"{name}.{param.name} has no docstring under its field"
+        assert "\n" not in docs[param.name] and docs[param.name].endswith("."), param.name
+
+
+def test_a_redeclaration_describes_only_what_differs():
+    """A field re-declared with the docstring of the one it overrides would say the same twice:
+    a class re-declares a setting without a docstring (its default only) or with a new text."""
+    from lightning_rl.settings import _attribute_docstrings
+
+    classes = {klass for name in ALGORITHMS for klass in getattr(lightning_rl, name).__mro__
+               if dataclasses.is_dataclass(klass)}
+    repeated = []
+    for cls in classes:
+        inherited: dict[str, str] = {}
+        for base in reversed(cls.__mro__[1:]):
+            if dataclasses.is_dataclass(base):
+                inherited.update(setting_docs(base))
+        repeated += [f"{cls.__name__}.{name}" for name, text in _attribute_docstrings(cls).items()
+                     if inherited.get(name) == text]
     assert repeated == []
 
 
 def test_a_subclass_gets_its_own_lines_and_the_inherited_ones():
+    @settings
     class Mine(lightning_rl.PPO):
-        """My PPO.
+        """My PPO."""
 
-        Args:
-            my_knob: what only this subclass takes.
-        """
+        gamma: float = 0.9
+        my_knob: int = 1
+        """what only this subclass takes."""
 
-        def __init__(self, my_knob: int = 1, gamma: float = 0.9, **kwargs):
-            super().__init__(gamma=gamma, **kwargs)
-
-    params = {p.arg_name: p.description for p in docstring_parser.parse(Mine.__doc__).params}
-    ppo = {p.arg_name: p.description for p in docstring_parser.parse(lightning_rl.PPO.__doc__).params}
-    assert params == {**ppo, "my_knob": "what only this subclass takes.", "gamma": SETTINGS["gamma"]}
-    assert list(params)[-1] == "my_knob"  # its own settings after the inherited ones
+    docs = setting_docs(Mine)
+    assert docs == {**setting_docs(lightning_rl.PPO), "my_knob": "what only this subclass takes."}
+    assert list(inspect.signature(Mine).parameters)[-1] == "my_knob"  # its own settings after the inherited ones
     assert inspect.signature(Mine).parameters["gamma"].default == 0.9
-    assert Mine.__doc__.splitlines()[0] == "My PPO."
+    assert Mine.__doc__ == "My PPO."
 
 
-def test_a_class_without_args_gets_a_section():
-    class Bare:
-        """Bare."""
-
-        def __init__(self, gamma: float, unknown: int) -> None: ...
-
-    document_settings(Bare)
-    params = {p.arg_name: p.description for p in docstring_parser.parse(Bare.__doc__).params}
-    assert params == {"gamma": SETTINGS["gamma"]}
-
-
-def test_help_lists_lightning_rl_not_the_inherited_lightning_text():
-    """``help(PPO)`` is the settings and what lightning_rl defines (about 670 lines, not the 2,600
-    of LightningModule's and nn.Module's methods); ``dir`` of an instance still lists those, so
-    completion and ``hasattr`` see them, and ``load_from_checkpoint`` stays in ``help``."""
-    import pydoc
-
-    import pytorch_lightning as pl
-
+def test_help_shows_every_setting_with_its_default():
+    """``help(PPO)`` shows the signature the dataclass writes: each setting with its type and
+    default (no ``**settings``), and the methods lightning_rl defines."""
     text = pydoc.render_doc(lightning_rl.PPO, renderer=pydoc.plaintext)
-    assert len(text.splitlines()) < 1000
-    assert "normalize_observations" in text and "compute_actions" in text and "load_from_checkpoint" in text
-    inherited = [line for line in text.splitlines() if "inherited from" in line]
-    assert inherited and all("lightning_rl." in line for line in inherited if "Class methods" not in line)
-    assert "Methods inherited from torch" not in text and "register_buffer(" not in text
-    assert "log" not in dir(lightning_rl.PPO) and lightning_rl.PPO.log is pl.LightningModule.log
+    signature = str(inspect.signature(lightning_rl.PPO))
+    assert "**" not in signature and "normalize_observations: bool = False" in signature
+    assert "normalize_observations: bool = False" in text and "clip_param: float = 0.2" in text
+    assert "compute_actions" in text and "load_from_checkpoint" in text
     model = lightning_rl.PPO(num_envs=2)
-    assert {"log", "trainer", "parameters", "load_from_checkpoint", "compute_actions"} <= set(dir(model))
-    assert "policies" in dir(model)  # its instance attributes (nn.Module.__dir__'s part)
+    assert {"log", "trainer", "parameters", "load_from_checkpoint", "compute_actions", "policies"} <= set(dir(model))
 
-    class Mine(lightning_rl.PPO):
-        def my_method(self) -> None:
-            """Only in this subclass."""
 
-    assert "my_method" in dir(Mine) and "my_method" in pydoc.render_doc(Mine, renderer=pydoc.plaintext)
+def test_resumable_fields_are_the_cli_resume_rule():
+    from lightning_rl.cli import RESUMABLE_SETTINGS
+
+    declared = list(dict.fromkeys(name for algorithm in ALGORITHMS
+                                  for name in resumable_settings(getattr(lightning_rl, algorithm))))
+    assert sorted(RESUMABLE_SETTINGS) == sorted(declared)
+    assert "total_env_steps" in RESUMABLE_SETTINGS and "lr" not in RESUMABLE_SETTINGS

@@ -1,7 +1,7 @@
 """MkDocs hook: the hyperparameter reference, written at build time from the algorithms'
-signatures and docstrings (``lightning_rl.settings``: ``declare_settings`` gives each algorithm
-its full signature, ``document_settings`` and ``SETTINGS`` the one-line description of each
-setting), so no setting is described twice.
+settings (``lightning_rl.settings``: each a dataclass field, its type and default in the
+signature ``dataclasses`` writes, its description the docstring under its declaration), so no
+setting is described twice.
 
 In a page, a line ``<!-- settings-table: PPO -->`` becomes PPO's table (setting, default, type,
 description, in signature order) and ``<!-- settings-matrix -->`` the default of every setting for
@@ -27,17 +27,17 @@ def algorithm(name: str) -> type:
 
 
 def settings(cls: type) -> list[inspect.Parameter]:
-    """The settings of ``cls``, in the order of its signature (``declare_settings``)."""
+    """The settings of ``cls``, in the order of its signature (its dataclass fields)."""
     return [p for p in inspect.signature(cls.__init__).parameters.values()
             if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
 
 
 def description(cls: type, name: str) -> str:
-    from lightning_rl.settings import setting_description
+    from lightning_rl.settings import setting_docs
 
-    text = setting_description(cls, name)
+    text = setting_docs(cls).get(name)
     if not text:
-        raise ValueError(f"{cls.__name__}.{name} has no description (lightning_rl.settings.SETTINGS or its docstring)")
+        raise ValueError(f"{cls.__name__}.{name} has no description (a docstring under its field)")
     return text
 
 

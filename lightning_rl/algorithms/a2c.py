@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from collections.abc import Sequence
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -10,8 +11,10 @@ from torch import Tensor
 from lightning_rl.algorithms.on_policy import OnPolicyModule
 from lightning_rl.batch import SampleBatch
 from lightning_rl.functional import a2c_loss
+from lightning_rl.settings import one_of, setting, settings
 
 
+@settings
 class A2C(OnPolicyModule):
     """A2C: one gradient step per rollout on the whole batch, no ratio clipping.
 
@@ -19,29 +22,27 @@ class A2C(OnPolicyModule):
 
         pg_loss + vf_loss_coeff * vf_loss - entropy_coeff * entropy,
         pg_loss = -mean(log pi(a|s) * advantage)
-
-    Args:
-        lr: learning rate of the ``optimizer``.
-        optimizer: ``rmsprop`` (alpha 0.99, eps 1e-5, as in the paper's code) or ``adam``.
     """
 
-    setting_defaults: ClassVar[dict[str, Any]] = dict(
-        rollout_fragment_length=5, total_env_steps=500_000, iterations_per_epoch=100, iterations_per_step=10,
-        lr=7e-4, lambda_=1.0, standardize_fields=(),
-    )
+    # inherited defaults A2C changes (the paper's and rl-zoo's)
+    rollout_fragment_length: int = 5
+    total_env_steps: int | None = 500_000
+    iterations_per_epoch: int = 100
+    iterations_per_step: int = 10
+    lr: float = 7e-4
+    """learning rate of the ``optimizer``."""
+    lambda_: float = 1.0
+    standardize_fields: Sequence[str] = ()
     # one gradient step on the whole batch per iteration, whatever rows a policy's agents gave
-    fixed_settings: ClassVar[dict[str, Any]] = dict(num_sgd_iter=1, sgd_minibatch_size=None)
+    num_sgd_iter: int = setting(default=1, init=False)
+    sgd_minibatch_size: int | None = setting(default=None, init=False)
+    optimizer: Literal["rmsprop", "adam"] = setting(default="rmsprop", check=one_of("rmsprop", "adam"))
+    """``rmsprop`` (alpha 0.99, eps 1e-5, as in the paper's code) or ``adam``."""
+
     minibatches_per_epoch = 1
 
-    def __init__(self, *, optimizer: Literal["rmsprop", "adam"] = "rmsprop", **settings: Any) -> None:
-        super().__init__(**settings)
-        self.save_hyperparameters()
-        if optimizer not in ("rmsprop", "adam"):
-            raise ValueError(f"optimizer must be 'rmsprop' or 'adam', got {optimizer!r}")
-        self.optimizer_name = optimizer
-
     def make_optimizer(self, params: Any) -> torch.optim.Optimizer:
-        if self.optimizer_name == "adam":
+        if self.optimizer == "adam":
             return super().make_optimizer(params)
         # foreach: one kernel per op over all parameters, on the CPU too (the same results)
         return torch.optim.RMSprop(params, lr=self.lr, alpha=0.99, eps=1e-5, foreach=True)

@@ -3,7 +3,8 @@ sampler workers compute gradients on their own rollouts; the learner applies eac
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from collections.abc import Sequence
+from typing import Any, Literal
 
 import torch
 
@@ -13,9 +14,12 @@ from lightning_rl.batch import DEFAULT_POLICY_ID, MultiAgentBatch
 from lightning_rl.data.async_gradients import GRADS, A3CDataModule
 from lightning_rl.learner_info import LEARNER_STATS_KEY, LearnerInfoBuilder
 from lightning_rl.nn.models import ActorCritic
+from lightning_rl.policies import PolicyMapping
+from lightning_rl.settings import one_of, setting, settings
 from lightning_rl.update import NonFiniteLossError
 
 
+@settings
 class A3C(ActorCriticSettings, SamplerWorkers, Algorithm):
     """A3C: each training iteration applies the gradient packets that arrived from the sampler
     workers (at least one, at most one per worker), each with its own optimizer step.
@@ -34,45 +38,48 @@ class A3C(ActorCriticSettings, SamplerWorkers, Algorithm):
     Not supported: Lightning DDP (the packets are one learner's stream; a clear error says
     so) and ``compile`` (there is no loss on the learner to compile). Resume restores the
     counters, policy and optimizer; the workers start fresh episodes.
-
-    Args:
-        env: gymnasium id (``"module:Id"`` imports ``module`` first) or a callable returning a ``gymnasium.Env``.
-        num_workers: worker processes that compute gradients; 0 computes them in the learner process.
-        num_envs: envs per worker (of the learner process with ``num_workers=0``).
-        rollout_fragment_length: env steps per env behind each gradient packet a worker sends.
-        lr: learning rate of the learner's ``optimizer``.
-        grad_clip: maximum global norm of each gradient packet before its step (``None``: no clipping).
-        optimizer: the learner's: ``rmsprop`` (alpha 0.99, eps 1e-5, as ``A2C``) or ``adam``.
     """
 
-    setting_defaults: ClassVar[dict[str, Any]] = dict(
-        rollout_fragment_length=5, total_env_steps=500_000, iterations_per_epoch=100, lr=7e-4, lambda_=1.0,
-    )
-    # no loss runs on the learner to compile; the packets are one policy's
-    fixed_settings: ClassVar[dict[str, Any]] = dict(compile=False, policies=None, policy_mapping_fn=None,
-                                                    policies_to_train=None)
+    num_envs: int = 8
+    """envs per worker (of the learner process with ``num_workers=0``)."""
+    total_env_steps: int | None = 500_000
+    iterations_per_epoch: int = 100
+    # no loss runs on the learner to compile
+    compile: bool = setting(default=False, init=False)  # type: ignore[assignment]
+    lr: float = 7e-4
+    """learning rate of the learner's ``optimizer``."""
+    grad_clip: float | None = 0.5
+    """maximum global norm of each gradient packet before its step (``None``: no clipping)."""
+    # the packets are one policy's
+    policies: Sequence[str] | dict[str, dict[str, Any]] | None = setting(default=None, init=False)  # type: ignore[assignment]
+    policy_mapping_fn: PolicyMapping | None = setting(default=None, init=False)
+    policies_to_train: Sequence[str] | None = setting(default=None, init=False)
+    rollout_fragment_length: int = 5
+    """env steps per env behind each gradient packet a worker sends."""
+    lambda_: float = 1.0
+    num_workers: int = 2
+    """worker processes that compute gradients; 0 computes them in the learner process."""
+    optimizer: Literal["rmsprop", "adam"] = setting(default="rmsprop", check=one_of("rmsprop", "adam"))
+    """the learner's: ``rmsprop`` (alpha 0.99, eps 1e-5, as ``A2C``) or ``adam``."""
 
-    def __init__(self, *, optimizer: Literal["rmsprop", "adam"] = "rmsprop", **settings: Any) -> None:
-        super().__init__(**settings)
-        self.save_hyperparameters()
-        if optimizer not in ("rmsprop", "adam"):
-            raise ValueError(f"optimizer must be 'rmsprop' or 'adam', got {optimizer!r}")
+    def __post_init__(self) -> None:
+        super().__post_init__()
         self.default_datamodule = A3CDataModule(
             self.env_spec, num_envs=self.num_envs, rollout_fragment_length=self.rollout_fragment_length,
             gamma=self.gamma, lambda_=self.lambda_, vf_loss_coeff=self.vf_loss_coeff,
             entropy_coeff=self.entropy_coeff, vectorization=self.vectorization, seed=self.seed,
-            iterations_per_epoch=self.iterations_per_epoch, check_finite=self.check_finite, **self.worker_settings,
+            iterations_per_epoch=self.iterations_per_epoch, check_finite=self.check_finite,
+            **self.worker_settings(),
         )
-        self.optimizer_name = optimizer
         with torch.random.fork_rng():
             if self.seed is not None:
                 torch.manual_seed(self.seed)
             self.policies[DEFAULT_POLICY_ID] = ActorCritic(self.observation_space, self.action_space,
-                                                           **self.network_settings)
+                                                           **self.network_settings())
 
     def configure_optimizers(self) -> Any:
         params = self.policies[DEFAULT_POLICY_ID].parameters()
-        if self.optimizer_name == "adam":
+        if self.optimizer == "adam":
             return torch.optim.Adam(params, lr=self.lr)
         return torch.optim.RMSprop(params, lr=self.lr, alpha=0.99, eps=1e-5)
 

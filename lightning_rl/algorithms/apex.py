@@ -4,13 +4,17 @@ n-step transitions initial priorities; the learner replays the prioritized buffe
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from collections.abc import Sequence
+from typing import Any
 
 from lightning_rl.algorithms.common import LearnerQueue, SamplerWorkers
 from lightning_rl.algorithms.dqn import DQN
 from lightning_rl.data.async_replay import ApexDataModule
+from lightning_rl.policies import PolicyMapping
+from lightning_rl.settings import Schedule, positive, setting, settings
 
 
+@settings
 class APEX(SamplerWorkers, LearnerQueue, DQN):
     """DQN (double Q, dueling, n-step, prioritized replay) fed by asynchronous sampler workers.
 
@@ -27,63 +31,66 @@ class APEX(SamplerWorkers, LearnerQueue, DQN):
 
     Resume restores the counters, networks, optimizer and (``checkpoint_replay_buffer``) the
     replay; the workers start fresh episodes, so a resumed run is not bit-identical.
-
-    Args:
-        env: gymnasium id (``"module:Id"`` imports ``module`` first) or a callable returning a ``gymnasium.Env``.
-        num_envs: envs per sampler worker (of the learner process with ``num_workers=0``).
-        rollout_fragment_length: env steps per env in one worker fragment (inserted into the replay whole).
-        buffer_size: replay capacity in transitions (per learner process).
-        learning_starts: env steps inserted into the replay (per learner process) before learning starts.
-        training_intensity: replayed rows per inserted env step (sets ``num_gradient_steps``); give it or that.
-        num_gradient_steps: gradient steps per iteration; give it or ``training_intensity`` (neither: intensity 16).
-        lr_schedule: ``constant``/``None`` (the default: unlike DQN's), ``linear`` (to 0 at ``total_env_steps``) or
-            ``[[env_step, lr], ...]``.
-        target_network_update_freq: trained rows (over all ranks) between target-network updates.
-        epsilon: worker ``i`` of ``N`` explores with ``epsilon ** (1 + epsilon_alpha * i / (N - 1))``, fixed.
-        epsilon_alpha: spread of the workers' epsilons (see ``epsilon``).
     """
 
-    setting_defaults: ClassVar[dict[str, Any]] = dict(
-        num_envs=4, total_env_steps=100_000, learner_queue_size=4, target_network_update_freq=32_000,
-    )
-    # the workers sample (with their own epsilons) and the replay is always prioritized
-    fixed_settings: ClassVar[dict[str, Any]] = dict(
-        sampling_device="cpu", train_freq=64, tau=1.0, prioritized_replay=True, epsilon_start=1.0, epsilon_end=0.02,
-        epsilon_timesteps=10_000, policies=None, policy_mapping_fn=None, policies_to_train=None,
-        iterations_per_step=1,
-    )
+    num_envs: int = 4
+    """envs per sampler worker (of the learner process with ``num_workers=0``)."""
+    total_env_steps: int | None = 100_000
+    lr_schedule: Schedule = None
+    """``constant``/``None`` (the default: unlike DQN's), ``linear`` (to 0 at ``total_env_steps``) or
+    ``[[env_step, lr], ...]``."""
+    # the workers sample (with their own epsilons) and the replay is always prioritized; single-agent
+    policies: Sequence[str] | dict[str, dict[str, Any]] | None = setting(default=None, init=False)  # type: ignore[assignment]
+    policy_mapping_fn: PolicyMapping | None = setting(default=None, init=False)
+    policies_to_train: Sequence[str] | None = setting(default=None, init=False)
+    sampling_device: str = setting(default="cpu", init=False)
+    buffer_size: int = 100_000
+    """replay capacity in transitions (per learner process)."""
+    learning_starts: int = 1000
+    """env steps inserted into the replay (per learner process) before learning starts."""
+    train_freq: int = setting(default=64, init=False)
+    num_gradient_steps: int | None = None  # type: ignore[assignment]  # None: from training_intensity
+    """gradient steps per iteration; give it or ``training_intensity`` (neither: intensity 16)."""
+    target_network_update_freq: int = 32_000
+    """trained rows (over all ranks) between target-network updates."""
+    tau: float = setting(default=1.0, init=False)
+    prioritized_replay: bool = setting(default=True, init=False)
+    epsilon_start: float = setting(default=1.0, init=False)
+    epsilon_end: float = setting(default=0.02, init=False)
+    epsilon_timesteps: int = setting(default=10_000, init=False)
+    learner_queue_size: int = 4
+    rollout_fragment_length: int = 16
+    """env steps per env in one worker fragment (inserted into the replay whole)."""
+    training_intensity: float | None = setting(default=None, check=positive)
+    """replayed rows per inserted env step (sets ``num_gradient_steps``); give it or that."""
+    epsilon: float = 0.4
+    """worker ``i`` of ``N`` explores with ``epsilon ** (1 + epsilon_alpha * i / (N - 1))``, fixed."""
+    epsilon_alpha: float = 7.0
+    """spread of the workers' epsilons (see ``epsilon``)."""
+    iterations_per_step: int = setting(default=1, init=False)
 
-    def __init__(
-        self,
-        *,
-        rollout_fragment_length: int = 16,
-        training_intensity: float | None = None,
-        num_gradient_steps: int | None = None,
-        epsilon: float = 0.4,
-        epsilon_alpha: float = 7.0,
-        **settings: Any,
-    ) -> None:
-        super().__init__(num_gradient_steps=num_gradient_steps or 1, **settings)
-        self.save_hyperparameters()
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        num_gradient_steps = self.num_gradient_steps
         self.default_datamodule = ApexDataModule(
-            self.env_spec, num_envs=self.num_envs, rollout_fragment_length=rollout_fragment_length,
-            buffer_size=settings["buffer_size"], learning_starts=settings["learning_starts"],
-            n_step=settings["n_step"], gamma=self.gamma, prioritized_replay_alpha=settings["prioritized_replay_alpha"],
-            prioritized_replay_eps=settings["prioritized_replay_eps"], epsilon=epsilon, epsilon_alpha=epsilon_alpha,
-            vectorization=self.vectorization, seed=self.seed, iterations_per_epoch=self.iterations_per_epoch,
-            check_finite=self.check_finite, checkpoint_replay_buffer=settings["checkpoint_replay_buffer"],
-            replay_frame_stack=settings["replay_frame_stack"], **self.worker_settings, **self.queue_settings,
+            self.env_spec, num_envs=self.num_envs, rollout_fragment_length=self.rollout_fragment_length,
+            buffer_size=self.buffer_size, learning_starts=self.learning_starts,
+            n_step=self.n_step, gamma=self.gamma, prioritized_replay_alpha=self.prioritized_replay_alpha,
+            prioritized_replay_eps=self.prioritized_replay_eps, epsilon=self.epsilon,
+            epsilon_alpha=self.epsilon_alpha, vectorization=self.vectorization, seed=self.seed,
+            iterations_per_epoch=self.iterations_per_epoch, check_finite=self.check_finite,
+            checkpoint_replay_buffer=self.checkpoint_replay_buffer, replay_frame_stack=self.replay_frame_stack,
+            **self.worker_settings(), **self.queue_settings(),
         )
+        training_intensity = self.training_intensity
         if training_intensity is not None and num_gradient_steps is not None:
             raise ValueError("give training_intensity or num_gradient_steps, not both")
         if num_gradient_steps is None and training_intensity is None:
             training_intensity = 16.0
         if training_intensity is not None:
-            if training_intensity <= 0:
-                raise ValueError(f"training_intensity must be positive, got {training_intensity}")
             per_iteration = self.default_datamodule.train_batch_size
-            self.num_gradient_steps = max(1, round(training_intensity * per_iteration / self.train_batch_size))
-        self.training_intensity = training_intensity
+            num_gradient_steps = max(1, round(training_intensity * per_iteration / self.train_batch_size))
+        self.num_gradient_steps, self.training_intensity = num_gradient_steps, training_intensity
 
     supports_multi_agent = False  # its workers sample single-agent envs
     lr_schedule_unset = "constant"  # DQN decays its rate; APEX's measured defaults keep it constant

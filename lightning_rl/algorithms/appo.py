@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -14,9 +14,10 @@ from torch import Tensor, nn
 from lightning_rl.algorithms.impala import IMPALA
 from lightning_rl.batch import SampleBatch
 from lightning_rl.functional import masked_mean, ppo_surrogate_loss
-from lightning_rl.settings import check_positive
+from lightning_rl.settings import at_least, positive, setting, settings
 
 
+@settings
 class APPO(IMPALA):
     """APPO: V-trace corrects the samplers' lag up to a target policy, PPO's clip bounds the step
     from the target policy to the current one.
@@ -29,32 +30,20 @@ class APPO(IMPALA):
     with ``A`` and the value targets from V-trace between each fragment's behaviour policy and
     the target policy ``pi_target``, a copy of the policy refreshed every
     ``target_network_update_freq`` trained env steps; ``kl = KL(pi_target || pi)``.
-
-    Args:
-        clip_param: PPO's clip range of the ratio between the current and the target policy.
-        use_kl_loss: add ``kl_coeff * KL(pi_target || pi)`` to the loss.
-        kl_coeff: weight of the KL term (with ``use_kl_loss``).
-        target_network_update_freq: trained env steps between target-policy refreshes.
     """
 
-    setting_defaults: ClassVar[dict[str, Any]] = dict(lr=5e-4)
+    lr: float = 5e-4
+    clip_param: float = setting(default=0.4, check=positive)
+    """PPO's clip range of the ratio between the current and the target policy."""
+    use_kl_loss: bool = False
+    """add ``kl_coeff * KL(pi_target || pi)`` to the loss."""
+    kl_coeff: float = setting(default=1.0, check=at_least(0))
+    """weight of the KL term (with ``use_kl_loss``)."""
+    target_network_update_freq: int = setting(default=1000, check=positive)
+    """trained env steps between target-policy refreshes."""
 
-    def __init__(
-        self,
-        *,
-        clip_param: float = 0.4,
-        use_kl_loss: bool = False,
-        kl_coeff: float = 1.0,
-        target_network_update_freq: int = 1000,
-        **settings: Any,
-    ) -> None:
-        super().__init__(**settings)
-        self.save_hyperparameters()
-        check_positive(clip_param=clip_param, target_network_update_freq=target_network_update_freq)
-        if kl_coeff < 0:
-            raise ValueError(f"kl_coeff must be >= 0, got {kl_coeff}")
-        self.clip_param, self.use_kl_loss, self.kl_coeff = clip_param, use_kl_loss, kl_coeff
-        self.target_network_update_freq = target_network_update_freq
+    def __post_init__(self) -> None:
+        super().__post_init__()
         self.target_policies = nn.ModuleDict(
             {pid: copy.deepcopy(policy).requires_grad_(False) for pid, policy in self.policies.items()}
         )

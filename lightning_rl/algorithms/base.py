@@ -22,6 +22,13 @@ from pytorch_lightning.trainer.states import TrainerFn, TrainerStatus
 from pytorch_lightning.utilities import rank_zero_warn
 from torch import nn
 
+from lightning_rl.algorithms.common import (
+    EnvSettings,
+    MultiAgentSettings,
+    NetworkSettings,
+    OptimizationSettings,
+    RunSettings,
+)
 from lightning_rl.batch import MultiAgentBatch
 from lightning_rl.callbacks.trainer_wiring import TrainerWiring
 from lightning_rl.checkpoint import (
@@ -35,26 +42,22 @@ from lightning_rl.checkpoint import (
 )
 from lightning_rl.counters import count_iteration, new_counters, summed_over_ranks
 from lightning_rl.data.base import EnvDataModule, IterationStream, lightning_seed, new_generator, rank_seed
-from lightning_rl.data.envs import EnvSpec, env_spec
+from lightning_rl.data.envs import env_spec
 from lightning_rl.data.multi_agent import is_multi_agent_env
 from lightning_rl.distributed import bypass_ddp_gradient_sync, multiprocessing_refused
-from lightning_rl.evaluation import DEFAULT_MAX_EPISODE_STEPS, EpisodeEnds, EvaluationHooks
+from lightning_rl.evaluation import EpisodeEnds, EvaluationHooks
 from lightning_rl.functional import piecewise_linear
 from lightning_rl.inference import ActionAPI
 from lightning_rl.learner_info import LazyLearnerInfo, LearnerInfoBuilder
-from lightning_rl.nn.encoders import Activation, EncoderSpec
-from lightning_rl.policies import Policies, PolicyMapping
+from lightning_rl.policies import Policies
 from lightning_rl.process import ProcessSettings
 from lightning_rl.settings import (
-    AlgorithmType,
-    Schedule,
-    check_gamma,
-    check_positive,
-    declare_settings,
-    document_settings,
+    check_settings,
     hyperparameters,
     no_caller,
+    received_settings,
     resolve_schedule,
+    settings,
 )
 from lightning_rl.update import LossFn, UpdateStep, check_updates
 
@@ -63,78 +66,52 @@ def _of_policies(name: str, doc: str) -> property:
     return property(lambda self: getattr(self.policies, name), doc=doc)
 
 
-class Algorithm(ActionAPI, EvaluationHooks, pl.LightningModule, metaclass=AlgorithmType):
+@settings
+class Algorithm(MultiAgentSettings, NetworkSettings, OptimizationSettings, RunSettings, EnvSettings,  # (fields:
+                ActionAPI, EvaluationHooks, pl.LightningModule):  # the last base's first)
     """Base of all algorithms: the iteration loop, the counters, the Lightning hooks.
 
     Subclasses build their networks into ``self.policies`` (``Policies.build``) and their
     default DataModule (``self.default_datamodule``), and implement ``learn_on_batch``.
 
-    Settings every algorithm takes are declared here, with PPO's defaults; an algorithm
-    declares only its own and takes the others as ``**settings`` (``settings.declare_settings``:
-    its full signature is still what ``help``, editors and the CLI show).
-
-    An algorithm is a ``LightningModule``: ``help`` lists lightning_rl's attributes only
-    (``settings.AlgorithmType``); Lightning's and ``nn.Module``'s are inherited unchanged.
+    Settings are typed dataclass fields (``settings.settings``), each declared once with its
+    default and the docstring under it: those every algorithm takes in the groups it inherits
+    (``algorithms/common.py``: env and sampling, run, optimization, network, multi-agent), with
+    PPO's defaults, the groups several algorithms take there too, and each algorithm's own in its
+    class.
+    ``__init__`` is the dataclass's (``env`` positional, the others keyword-only); each class's
+    ``__post_init__`` (``super().__post_init__()`` first) does what its settings imply.
     """
 
-    def __init__(
-        self,
-        env: EnvSpec = "CartPole-v1",
-        *,
-        env_kwargs: dict[str, Any] | None = None,
-        num_envs: int = 8,
-        total_env_steps: int | None = 100_000,
-        iterations_per_epoch: int = 10,
-        seed: int | None = None,
-        vectorization: str = "auto",
-        num_cpu_threads: int | None = 1,
-        cpu_affinity: bool = True,
-        evaluation_interval: int | None = None,
-        evaluation_num_episodes: int = 10,
-        evaluation_max_episode_steps: int = DEFAULT_MAX_EPISODE_STEPS,
-        check_finite: bool = True,
-        compile: bool = False,
-        lr: float = 3e-4,
-        lr_schedule: Schedule = None,
-        gamma: float = 0.99,
-        grad_clip: float | None = 0.5,
-        hiddens: Sequence[int] = (64, 64),
-        activation: Activation = "tanh",
-        encoder: EncoderSpec = None,
-        policies: Sequence[str] | dict[str, dict[str, Any]] | None = None,
-        policy_mapping_fn: PolicyMapping | None = None,
-        policies_to_train: Sequence[str] | None = None,
-    ) -> None:
-        super().__init__()
+    def __post_init__(self) -> None:
+        received = received_settings(self)  # before anything replaces them (policies: the Policies module)
+        pl.LightningModule.__init__(self)
+        self.__dict__["_received_settings"] = received  # what save_hyperparameters keeps
+        check_settings(self, received)
         self.automatic_optimization = False
-        check_not_placeholder("env", env)
-        check_not_placeholder("policy_mapping_fn", policy_mapping_fn)
-        env = env_spec(env, env_kwargs, vectorization)  # one picklable spec from here on; hparams keep env, env_kwargs
-        if total_env_steps is not None and total_env_steps < 1:
-            raise ValueError(f"total_env_steps must be >= 1 or None, got {total_env_steps}")
-        check_positive(evaluation_interval=evaluation_interval, evaluation_num_episodes=evaluation_num_episodes,
-                       evaluation_max_episode_steps=evaluation_max_episode_steps, lr=lr, grad_clip=grad_clip)
-        check_gamma(gamma)
-        self.env_spec, self.total_env_steps, self.seed = env, total_env_steps, seed
+        check_not_placeholder("env", self.env)
+        check_not_placeholder("policy_mapping_fn", self.policy_mapping_fn)
+        seed, vectorization = self.seed, self.vectorization
+        # one picklable spec from here on; hparams keep env, env_kwargs
+        env = self.env_spec = env_spec(self.env, self.env_kwargs, vectorization)
         # seed=None takes Lightning's seed at setup (take_seed); weights built now are reproducible
         # only if seed_everything already seeded torch's RNG (or they are restored from a checkpoint)
         self._seed_given = seed is not None
         self._weights_seeded = seed is not None or lightning_seed() is not None
-        self.num_envs, self.iterations_per_epoch = num_envs, iterations_per_epoch
-        self.vectorization, self.check_finite = vectorization, check_finite
-        self.lr, self.gamma, self.grad_clip = lr, gamma, grad_clip
-        self.lr_points = resolve_schedule("lr_schedule", lr_schedule, lr, total_env_steps, self.lr_schedule_unset)
-        self.hiddens, self.activation, self.encoder = hiddens, activation, encoder
-        self.evaluation_interval, self.evaluation_num_episodes = evaluation_interval, evaluation_num_episodes
-        self.evaluation_max_episode_steps = int(evaluation_max_episode_steps)
+        self.lr_points = resolve_schedule("lr_schedule", self.lr_schedule, self.lr, self.total_env_steps,
+                                          self.lr_schedule_unset)
+        self.evaluation_max_episode_steps = int(self.evaluation_max_episode_steps)
         self._episode_ends = EpisodeEnds()  # says once when no episode ends (evaluation.py)
-        self.process_settings = ProcessSettings(num_cpu_threads, cpu_affinity)
-        self.compile = bool(compile)
+        self.process_settings = ProcessSettings(self.num_cpu_threads, self.cpu_affinity)
+        self.compile = bool(self.compile)
         self.multi_agent = is_multi_agent_env(env)
         if self.multi_agent and not self.supports_multi_agent:
             raise ValueError(f"{type(self).__name__} does not take multi-agent (PettingZoo) envs; "
                              f"{', '.join(multi_agent_algorithms())} do")
-        self.policies = Policies(env, self.multi_agent, policies, policy_mapping_fn, policies_to_train, vectorization)
+        self.policies = Policies(env, self.multi_agent, self.policies, self.policy_mapping_fn,
+                                 self.policies_to_train, vectorization)
+        # the resolved mapping (a table as a callable, the default one) and the ids fit updates
+        self.policy_mapping_fn, self.policies_to_train = self.policies.policy_mapping_fn, self.policies.to_train
         self.counters = new_counters()
         self.global_counters: dict[str, int] = dict(self.counters)
         self.shuffle_generator = new_generator(seed)
@@ -144,6 +121,7 @@ class Algorithm(ActionAPI, EvaluationHooks, pl.LightningModule, metaclass=Algori
         self._update_steps: dict[str, UpdateStep] = {}  # built once per fit
         self._pending_datamodule_state: dict[str, Any] | None = None
         self.resume_command: list[str] | None = None  # lightning-rl arguments, for the message after Ctrl-C
+        self.save_hyperparameters()
 
     supports_multi_agent = False  # algorithms whose sampler and learner handle several policies set it
     # what lr_schedule=None means: "linear" decays to 0 at total_env_steps (constant without a budget)
@@ -153,16 +131,11 @@ class Algorithm(ActionAPI, EvaluationHooks, pl.LightningModule, metaclass=Algori
 
     policy_spaces = _of_policies("policy_spaces", "``{policy id: (observation space, action space)}``.")
     policy_agents = _of_policies("policy_agents", "``{policy id: [the env's possible agents it acts for]}``.")
-    policy_mapping_fn = _of_policies("policy_mapping_fn", "Agent id → policy id (``None`` single-agent).")
-    policies_to_train = _of_policies("to_train", "The policy ids ``fit`` updates.")
     raw_observation_space = _of_policies("raw_observation_space", "The env's own (unflattened) observation space.")
     observation_space = property(lambda self: next(iter(self.policy_spaces.values()))[0],
                                  doc="The first policy's observation space (what single-agent code reads).")
     action_space = property(lambda self: next(iter(self.policy_spaces.values()))[1],
                             doc="The first policy's action space.")
-
-    def __dir__(self) -> list[str]:  # an instance lists every attribute, Lightning's too (completion)
-        return sorted(set(super().__dir__()) | set(type.__dir__(type(self))))
 
     def __getstate__(self) -> dict[str, Any]:
         # Pickled for a process that multiprocessing is starting (strategy="ddp_spawn" pickles the
@@ -175,8 +148,6 @@ class Algorithm(ActionAPI, EvaluationHooks, pl.LightningModule, metaclass=Algori
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         register_algorithm(cls)  # checkpoints and the CLI resolve algorithms among the defined ones
-        declare_settings(cls, Algorithm)  # its signature: the inherited settings and its own
-        document_settings(cls)  # its Args: its own descriptions, and the shared ones of settings.py
 
     @classmethod
     def load_from_checkpoint(cls, checkpoint_path: Any, map_location: Any = None, hparams_file: Any = None,
@@ -390,5 +361,3 @@ class Algorithm(ActionAPI, EvaluationHooks, pl.LightningModule, metaclass=Algori
 
 RLModule = Algorithm  # the name before 0.1 (RLlib's RLModule is a network; this is the algorithm)
 
-
-document_settings(Algorithm)

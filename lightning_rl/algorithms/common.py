@@ -1,103 +1,199 @@
-"""Groups of settings several algorithms take, each declared once (``settings.SettingsGroup``):
-an algorithm takes a group by inheriting it, and its signature shows the group's settings."""
+"""Groups of settings, each declared once: dataclass mixins of fields (``settings.settings``).
+``Algorithm`` takes the first five (every algorithm's settings, with PPO's defaults); an
+algorithm takes the others by inheriting them. Its signature, its hyperparameters and
+``--model.help`` show the groups' settings with the algorithm's own."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from lightning_rl.settings import SettingsGroup
+from lightning_rl.data.envs import EnvSpec
+from lightning_rl.evaluation import DEFAULT_MAX_EPISODE_STEPS
+from lightning_rl.nn.encoders import Activation, EncoderSpec
+from lightning_rl.policies import PolicyMapping
+from lightning_rl.settings import Schedule, at_least, interval, positive, setting, settings
 
 
-class ActorCriticSettings(SettingsGroup):
+@settings
+class EnvSettings:
+    """The envs, how many steps a run samples and how they are seeded and stepped (every
+    algorithm)."""
+
+    env: EnvSpec = setting(default="CartPole-v1", kw_only=False)
+    """gymnasium id (``"module:Id"`` imports ``module`` first) or a callable returning an Env or a PettingZoo env."""
+    env_kwargs: dict[str, Any] | None = None
+    """keyword arguments for every env made (training, evaluation, ``record``), kept in checkpoints."""
+    num_envs: int = 8
+    """envs stepped in parallel (per process under DDP)."""
+    total_env_steps: int | None = setting(default=100_000, check=at_least(1, or_none=True), resumable=True)
+    """stop ``fit`` once this many env steps were sampled (over DDP ranks); ``None``: Trainer limits."""
+    iterations_per_epoch: int = setting(default=10, resumable=True)
+    """training iterations per Lightning epoch: the cadence of checkpoints and validation."""
+    seed: int | None = None
+    """seeds network init, sampling, shuffling and envs (``seed + 1000 * rank``); ``None``: random."""
+    vectorization: str = "auto"
+    """``auto`` (the env's own vector env, if any), ``sync``, ``async``, ``vector_entry_point`` or ``envpool``
+    (envpool's C++ envs for the ids it provides: ALE, classic control, MuJoCo)."""
+
+
+@settings
+class RunSettings:
+    """How a run goes: its process settings, evaluation, checks and compilation (every
+    algorithm)."""
+
+    num_cpu_threads: int | None = setting(default=1, resumable=True)
+    """torch intra-op threads during ``fit`` (restored after; one is fastest for small MLPs, as rl-zoo sets);
+    ``None`` leaves torch's setting alone."""
+    cpu_affinity: bool = setting(default=True, resumable=True)
+    """under DDP on CPU, pin each local rank to its own share of the CPUs during ``fit`` (Linux)."""
+    evaluation_interval: int | None = setting(default=None, check=positive, resumable=True)
+    """epochs between greedy evaluations (Lightning validation, ``val/*``); ``None``: none."""
+    evaluation_num_episodes: int = setting(default=10, check=positive, resumable=True)
+    """greedy episodes per evaluation (validation and test), one per env."""
+    evaluation_max_episode_steps: int = setting(default=DEFAULT_MAX_EPISODE_STEPS, check=positive, resumable=True)
+    """steps after which an evaluation, test or ``record`` episode is cut (its return so far counted, with a
+    warning naming the env) when the env sets no time limit of its own."""
+    check_finite: bool = setting(default=True, resumable=True)
+    """raise on a NaN or infinite reward or observation, naming the field, the env and its step."""
+    compile: bool = setting(default=False, resumable=True)  # type: ignore[assignment]  # nn.Module.compile
+    """run each update step as compiled graphs (same results up to rounding; else eager, with a warning)."""
+
+
+@settings
+class OptimizationSettings:
+    """The learning rate and its schedule, the discount and the gradient clip (every
+    algorithm)."""
+
+    lr: float = setting(default=3e-4, check=positive)
+    """Adam's learning rate."""
+    lr_schedule: Schedule = None
+    """``constant``/``None``, ``linear`` (to 0 at ``total_env_steps``) or ``[[env_step, lr], ...]``."""
+    gamma: float = setting(default=0.99, check=interval("(0, 1]"))
+    """discount factor in (0, 1]."""
+    grad_clip: float | None = setting(default=0.5, check=positive)
+    """maximum global norm of the gradients (``None``: no clipping)."""
+
+
+@settings
+class NetworkSettings:
+    """The shape of the networks (every algorithm)."""
+
+    hiddens: Sequence[int] = (64, 64)
+    """MLP layer sizes of the policy and of the value network (after ``encoder``)."""
+    activation: Activation = "tanh"
+    """the MLP's activation: a name such as ``tanh``, an import path or an ``nn.Module`` class."""
+    encoder: EncoderSpec = None
+    """network before the MLP: an ``nn.Module`` class or factory of the observation space, or an import path."""
+
+
+@settings
+class MultiAgentSettings:
+    """The policies of a multi-agent (PettingZoo) env and the agents they act for (every
+    algorithm; those without multi-agent support fix them with ``init=False``)."""
+
+    policies: Sequence[str] | dict[str, dict[str, Any]] | None = None  # type: ignore[assignment]  # then the module
+    """multi-agent: policy ids, or ``{id: per-policy settings such as hiddens}``."""
+    policy_mapping_fn: PolicyMapping | None = None
+    """multi-agent: agent id -> policy id, a callable or an ``{agent: policy}`` table."""
+    policies_to_train: Sequence[str] | None = None
+    """multi-agent: the policies that learn (``None``: all)."""
+
+
+@settings
+class ActorCriticSettings:
     """A policy and a value function learned from fragments of ``rollout_fragment_length``
     steps per env (PPO, A2C, IMPALA, APPO, A3C)."""
 
-    def __init__(
-        self,
-        *,
-        rollout_fragment_length: int = 32,
-        lambda_: float = 0.95,
-        vf_loss_coeff: float = 0.5,
-        entropy_coeff: float = 0.0,
-        vf_share_layers: bool = False,
-        log_std_init: float = 0.0,
-        **settings: Any,
-    ) -> None:
-        super().__init__(**settings)
-        if not 0.0 <= lambda_ <= 1.0:
-            raise ValueError(f"lambda_ must be in [0, 1], got {lambda_}")
-        self.rollout_fragment_length, self.lambda_ = rollout_fragment_length, lambda_
-        self.vf_loss_coeff, self.entropy_coeff = vf_loss_coeff, entropy_coeff
-        # what ActorCritic (nn/models.py) is built with, beside the spaces
-        self.network_settings: dict[str, Any] = dict(
-            hiddens=self.hiddens, activation=self.activation, vf_share_layers=vf_share_layers,
-            log_std_init=log_std_init, encoder=self.encoder,
-        )
+    rollout_fragment_length: int = 32
+    """env steps per env per iteration (the train batch: ``num_envs`` times this)."""
+    lambda_: float = setting(default=0.95, check=interval("[0, 1]"))
+    """GAE's lambda in [0, 1]."""
+    vf_loss_coeff: float = 0.5
+    """weight of the value loss."""
+    entropy_coeff: float = 0.0
+    """weight of the entropy bonus."""
+    vf_share_layers: bool = False
+    """one MLP trunk for the policy and the value function (else two separate networks)."""
+    log_std_init: float = 0.0
+    """initial log standard deviation of the Gaussian policy (``Box`` actions)."""
+
+    def network_settings(self) -> dict[str, Any]:
+        """What ``ActorCritic`` (``nn/models.py``) is built with, beside the spaces."""
+        return dict(hiddens=self.hiddens, activation=self.activation,  # type: ignore[attr-defined]
+                    vf_share_layers=self.vf_share_layers, log_std_init=self.log_std_init,
+                    encoder=self.encoder)  # type: ignore[attr-defined]
 
 
-class RecurrentSettings(SettingsGroup):
+@settings
+class RecurrentSettings:
     """An LSTM policy (``nn/recurrent.py``) instead of the MLP one, with ``use_lstm``."""
 
-    def __init__(
-        self,
-        *,
-        use_lstm: bool = False,
-        lstm_cell_size: int = 64,
-        max_seq_len: int | None = 16,
-        lstm_use_prev_action: bool = False,
-        lstm_use_prev_reward: bool = False,
-        **settings: Any,
-    ) -> None:
-        super().__init__(**settings)
-        if use_lstm and self.multi_agent:
+    use_lstm: bool = False
+    """a recurrent policy: an LSTM cell after each MLP encoder."""
+    lstm_cell_size: int = 64
+    """size of the LSTM cell (``use_lstm``)."""
+    max_seq_len: int | None = 16
+    """steps per training sequence; divides ``rollout_fragment_length``, at most ``sgd_minibatch_size``."""
+    lstm_use_prev_action: bool = False
+    """feed the previous action (one-hot for ``Discrete``) to the LSTM."""
+    lstm_use_prev_reward: bool = False
+    """feed the previous reward to the LSTM."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()  # type: ignore[misc]
+        if self.use_lstm and self.multi_agent:  # type: ignore[attr-defined]
             raise ValueError("use_lstm with a multi-agent (PettingZoo) env is not supported yet")
-        self.use_lstm = use_lstm
-        self.max_seq_len = max_seq_len if use_lstm else None
-        # what RecurrentActorCritic takes beside ActorCritic's settings
-        self.recurrent_settings: dict[str, Any] = dict(
-            lstm_cell_size=lstm_cell_size, lstm_use_prev_action=lstm_use_prev_action,
-            lstm_use_prev_reward=lstm_use_prev_reward,
-        ) if use_lstm else {}
+        if not self.use_lstm:
+            self.max_seq_len = None  # no sequences: an MLP policy trains on rows
+
+    def recurrent_settings(self) -> dict[str, Any]:
+        """What ``RecurrentActorCritic`` takes beside ``ActorCritic``'s settings (none without ``use_lstm``)."""
+        return dict(lstm_cell_size=self.lstm_cell_size, lstm_use_prev_action=self.lstm_use_prev_action,
+                    lstm_use_prev_reward=self.lstm_use_prev_reward) if self.use_lstm else {}
 
 
-class SamplerWorkers(SettingsGroup):
+@settings
+class SamplerWorkers:
     """Sampler workers beside the learner (IMPALA, APPO, APEX, A3C): child processes, or Ray
     actors on any node of a Ray cluster (``data/workers/``)."""
 
-    def __init__(
-        self,
-        *,
-        num_workers: int = 2,
-        sampler_timeout_s: float = 60.0,
-        restart_failed_workers: bool = False,
-        sampler_backend: str = "processes",
-        ray_address: str | None = None,
-        num_cpus_per_worker: float | None = None,
-        custom_resources_per_worker: dict[str, float] | None = None,
-        **settings: Any,
-    ) -> None:
-        super().__init__(**settings)
-        self.worker_settings: dict[str, Any] = dict(
-            num_workers=num_workers, sampler_timeout_s=sampler_timeout_s,
-            restart_failed_workers=restart_failed_workers, sampler_backend=sampler_backend, ray_address=ray_address,
-            num_cpus_per_worker=num_cpus_per_worker, custom_resources_per_worker=custom_resources_per_worker,
-        )
+    num_workers: int = 2
+    """sampler workers (per rank under DDP); 0 samples in the learner process."""
+    sampler_timeout_s: float = setting(default=60.0, resumable=True)
+    """seconds the learner waits for data (or a Ray actor's placement) before it raises."""
+    restart_failed_workers: bool = setting(default=False, resumable=True)
+    """restart a worker that died (with a new seed) instead of raising."""
+    sampler_backend: str = setting(default="processes", resumable=True)
+    """``processes`` (children of the learner, shared memory) or ``ray`` (Ray actors, any node)."""
+    ray_address: str | None = setting(default=None, resumable=True)
+    """the Ray cluster the workers join (else ``RAY_ADDRESS``, else a local Ray for the run)."""
+    num_cpus_per_worker: float | None = setting(default=None, resumable=True)
+    """CPUs each Ray actor asks for (``sampler_backend='ray'``; ``None``: 1)."""
+    custom_resources_per_worker: dict[str, float] | None = setting(default=None, resumable=True)
+    """custom Ray resources each actor asks for, e.g. ``{'cpu_node': 1}`` (pins workers)."""
+
+    def worker_settings(self) -> dict[str, Any]:
+        """The sampler workers' settings, as the worker DataModules take them."""
+        return dict(num_workers=self.num_workers, sampler_timeout_s=self.sampler_timeout_s,
+                    restart_failed_workers=self.restart_failed_workers, sampler_backend=self.sampler_backend,
+                    ray_address=self.ray_address, num_cpus_per_worker=self.num_cpus_per_worker,
+                    custom_resources_per_worker=self.custom_resources_per_worker)
 
 
-class LearnerQueue(SettingsGroup):
+@settings
+class LearnerQueue:
     """The queue of worker fragments before the learner and the weights sent back (IMPALA,
     APPO, APEX)."""
 
-    def __init__(
-        self,
-        *,
-        learner_queue_size: int = 16,
-        broadcast_interval: int = 1,
-        max_policy_lag: int | None = None,
-        **settings: Any,
-    ) -> None:
-        super().__init__(**settings)
-        self.queue_settings: dict[str, Any] = dict(
-            learner_queue_size=learner_queue_size, broadcast_interval=broadcast_interval,
-            max_policy_lag=max_policy_lag,
-        )
+    learner_queue_size: int = 16
+    """fragments that may wait for the learner."""
+    broadcast_interval: int = 1
+    """training iterations between weight broadcasts to the workers."""
+    max_policy_lag: int | None = None
+    """drop (and count) fragments sampled over this many iterations before training (``None``: keep)."""
+
+    def queue_settings(self) -> dict[str, Any]:
+        """The learner queue's settings, as the worker DataModules take them."""
+        return dict(learner_queue_size=self.learner_queue_size, broadcast_interval=self.broadcast_interval,
+                    max_policy_lag=self.max_policy_lag)

@@ -4,17 +4,21 @@
 from __future__ import annotations
 
 import copy
-from typing import Any, ClassVar
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
 from lightning_rl.algorithms.off_policy import OffPolicyModule
 from lightning_rl.batch import SampleBatch
 from lightning_rl.functional import double_q_target, huber_loss, soft_update_
+from lightning_rl.nn.encoders import Activation
 from lightning_rl.nn.q_models import QNetwork
+from lightning_rl.settings import Schedule, interval, setting, settings
 from lightning_rl.update import call, policy_loss
 
 
+@settings
 class DQN(OffPolicyModule):
     """DQN with double Q, dueling heads, 3-step returns and a learning rate decayed linearly to 0
     at ``total_env_steps`` by default: settings that solve CartPole-v1 greedily within about 25k
@@ -27,43 +31,38 @@ class DQN(OffPolicyModule):
         loss     = mean(weights * huber(td_error))
 
     with ``a* = argmax_a Q(s', a)`` under ``double_q`` (else under ``Q_target``).
-
-    Args:
-        lr_schedule: ``linear`` to 0 at ``total_env_steps`` (default if set), ``constant`` or ``[[env_step, lr], ...]``.
-        hiddens: MLP layer sizes of the Q-network.
-        activation: the MLP's activation: a name such as ``relu`` or an import path.
-        target_network_update_freq: global env steps between target updates (0: after every gradient step).
-        tau: target update ``target <- (1 - tau) * target + tau * online`` (1: a hard copy).
-        epsilon_start: epsilon-greedy's epsilon at the start (every exploring action: sampling, ``predict`` ...).
-        epsilon_end: epsilon-greedy's epsilon after ``epsilon_timesteps``.
-        epsilon_timesteps: global env steps over which epsilon falls linearly from ``epsilon_start`` to ``epsilon_end``.
-        policies: multi-agent: policy ids or ``{id: settings}``; each policy has its own replay, Q-network and target.
     """
 
-    setting_defaults: ClassVar[dict[str, Any]] = dict(
-        num_envs=1, total_env_steps=60_000, iterations_per_epoch=50, lr=1e-3, grad_clip=10.0, hiddens=(256, 256),
-        activation="relu",
-    )
+    num_envs: int = 1
+    total_env_steps: int | None = 60_000
+    iterations_per_epoch: int = 50
+    lr: float = 1e-3
+    lr_schedule: Schedule = None
+    """``linear`` to 0 at ``total_env_steps`` (default if set), ``constant`` or ``[[env_step, lr], ...]``."""
+    grad_clip: float | None = 10.0
+    hiddens: Sequence[int] = (256, 256)
+    """MLP layer sizes of the Q-network."""
+    activation: Activation = "relu"
+    """the MLP's activation: a name such as ``relu`` or an import path."""
+    policies: Sequence[str] | dict[str, dict[str, Any]] | None = None  # type: ignore[assignment]
+    """multi-agent: policy ids or ``{id: settings}``; each policy has its own replay, Q-network and target."""
+    double_q: bool = True
+    """pick the bootstrap action with the online network (double DQN)."""
+    dueling: bool = True
+    """dueling heads, ``Q = V + A - mean(A)``."""
+    epsilon_start: float = setting(default=1.0, check=interval("[0, 1]"))
+    """epsilon-greedy's epsilon at the start (every exploring action: sampling, ``predict`` ...)."""
+    epsilon_end: float = setting(default=0.02, check=interval("[0, 1]"))
+    """epsilon-greedy's epsilon after ``epsilon_timesteps``."""
+    epsilon_timesteps: int = 10_000
+    """global env steps over which epsilon falls linearly from ``epsilon_start`` to ``epsilon_end``."""
 
-    def __init__(
-        self,
-        *,
-        double_q: bool = True,
-        dueling: bool = True,
-        epsilon_start: float = 1.0,
-        epsilon_end: float = 0.02,
-        epsilon_timesteps: int = 10_000,
-        **settings: Any,
-    ) -> None:
-        super().__init__(**settings)
-        self.save_hyperparameters()
-        if not 0.0 <= epsilon_end <= 1.0 or not 0.0 <= epsilon_start <= 1.0:
-            raise ValueError(f"epsilon_start and epsilon_end must be in [0, 1], got {epsilon_start}, {epsilon_end}")
-        self.double_q = double_q
-        self.build_policies(QNetwork, hiddens=self.hiddens, activation=self.activation, dueling=dueling,
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.build_policies(QNetwork, hiddens=self.hiddens, activation=self.activation, dueling=self.dueling,
                             encoder=self.encoder)
         self.target_q = copy.deepcopy(self.policies).requires_grad_(False)
-        self.epsilon_points = [(0.0, epsilon_start), (float(max(epsilon_timesteps, 1)), epsilon_end)]
+        self.epsilon_points = [(0.0, self.epsilon_start), (float(max(self.epsilon_timesteps, 1)), self.epsilon_end)]
 
     supports_multi_agent = True  # per-policy replay (MultiAgentReplayDataModule)
     lr_schedule_unset = "linear"  # a constant rate loses what was learned: most seeds fall back after solving

@@ -3,7 +3,7 @@ by asynchronous sampler workers, its policy lag corrected by V-trace."""
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -24,10 +24,11 @@ from lightning_rl.functional import explained_variance, masked_mean, vtrace
 from lightning_rl.learner_info import LEARNER_STATS_KEY, LearnerInfoBuilder
 from lightning_rl.nn.models import ActorCritic
 from lightning_rl.nn.recurrent import RecurrentActorCritic
-from lightning_rl.settings import check_positive
+from lightning_rl.settings import Schedule, positive, setting, settings
 from lightning_rl.update import call, policy_loss
 
 
+@settings
 class IMPALA(ActorCriticSettings, RecurrentSettings, SamplerWorkers, LearnerQueue, Algorithm):
     """IMPALA: one gradient step per training batch of time-major fragments from sampler workers.
 
@@ -43,46 +44,49 @@ class IMPALA(ActorCriticSettings, RecurrentSettings, SamplerWorkers, LearnerQueu
     With ``use_lstm`` each fragment column is one sequence, run from the state recorded at its first
     step through its bootstrap step. Multi-agent (a PettingZoo env): each policy's batch has a
     time-major column per (env, agent mapped to it).
-
-    Args:
-        num_envs: envs per sampler worker (of the learner process with ``num_workers=0``).
-        rollout_fragment_length: env steps per env in one worker fragment (the time axis of the ``[T, B]`` batch).
-        train_batch_size: env steps per training batch (whole fragments, rounded up).
-        lr: Adam's learning rate (one step per batch: lower rates leave the value function unfit for long).
-        lr_schedule: ``linear`` to 0 at ``total_env_steps`` (default if set), ``constant`` or ``[[env_step, lr], ...]``.
-        lambda_: V-trace's trace decay in [0, 1] (1: the paper's; lower trades bias for variance).
-        max_seq_len: with ``use_lstm``, backpropagate through at most this many steps; ``None``: the whole fragment.
     """
 
-    setting_defaults: ClassVar[dict[str, Any]] = dict(
-        num_envs=4, rollout_fragment_length=50, total_env_steps=500_000, iterations_per_epoch=20, lr=2e-3,
-        lambda_=1.0, grad_clip=40.0, entropy_coeff=0.01, max_seq_len=None,
-    )
+    num_envs: int = 4
+    """envs per sampler worker (of the learner process with ``num_workers=0``)."""
+    total_env_steps: int | None = 500_000
+    iterations_per_epoch: int = 20
+    lr: float = 2e-3
+    """Adam's learning rate (one step per batch: lower rates leave the value function unfit for long)."""
+    lr_schedule: Schedule = None
+    """``linear`` to 0 at ``total_env_steps`` (default if set), ``constant`` or ``[[env_step, lr], ...]``."""
+    grad_clip: float | None = 40.0
+    max_seq_len: int | None = None
+    """with ``use_lstm``, backpropagate through at most this many steps; ``None``: the whole fragment."""
+    rollout_fragment_length: int = 50
+    """env steps per env in one worker fragment (the time axis of the ``[T, B]`` batch)."""
+    lambda_: float = 1.0
+    """V-trace's trace decay in [0, 1] (1: the paper's; lower trades bias for variance)."""
+    entropy_coeff: float = 0.01
+    train_batch_size: int = 500
+    """env steps per training batch (whole fragments, rounded up)."""
+    num_sgd_iter: int = 1
+    """training iterations each batch is used for (the reference's ``num_passes``)."""
+    minibatch_buffer_size: int = 1
+    """batches handed out round robin, each ``num_sgd_iter`` times."""
+    sgd_minibatch_size: int | None = None
+    """env steps per gradient step, in whole env columns shuffled each pass (``None``: one step)."""
+    vtrace_clip_rho_threshold: float | None = setting(default=1.0, check=positive)
+    """V-trace's clip of the importance ratio in the value targets (``None``: no clip)."""
+    vtrace_clip_pg_rho_threshold: float | None = setting(default=1.0, check=positive)
+    """V-trace's clip of the importance ratio in the policy gradient (``None``: no clip)."""
 
-    def __init__(
-        self,
-        *,
-        train_batch_size: int = 500,
-        num_sgd_iter: int = 1,
-        minibatch_buffer_size: int = 1,
-        sgd_minibatch_size: int | None = None,
-        vtrace_clip_rho_threshold: float | None = 1.0,
-        vtrace_clip_pg_rho_threshold: float | None = 1.0,
-        **settings: Any,
-    ) -> None:
-        super().__init__(**settings)
-        self.save_hyperparameters()
-        check_positive(vtrace_clip_rho_threshold=vtrace_clip_rho_threshold,
-                       vtrace_clip_pg_rho_threshold=vtrace_clip_pg_rho_threshold)
+    def __post_init__(self) -> None:
+        super().__post_init__()
         T = self.rollout_fragment_length
         self.default_datamodule = AsyncSamplingDataModule(
-            self.env_spec, num_envs=self.num_envs, rollout_fragment_length=T, train_batch_size=train_batch_size,
-            num_sgd_iter=num_sgd_iter, minibatch_buffer_size=minibatch_buffer_size, vectorization=self.vectorization,
-            seed=self.seed, iterations_per_epoch=self.iterations_per_epoch, check_finite=self.check_finite,
-            **self.worker_settings, **self.queue_settings,
+            self.env_spec, num_envs=self.num_envs, rollout_fragment_length=T, train_batch_size=self.train_batch_size,
+            num_sgd_iter=self.num_sgd_iter, minibatch_buffer_size=self.minibatch_buffer_size,
+            vectorization=self.vectorization, seed=self.seed, iterations_per_epoch=self.iterations_per_epoch,
+            check_finite=self.check_finite, **self.worker_settings(), **self.queue_settings(),
             **(dict(policy_mapping_fn=self.policy_mapping_fn, policy_agents=self.policy_agents,
                     policy_spaces=self.policy_spaces) if self.multi_agent else {}),
         )
+        sgd_minibatch_size = self.sgd_minibatch_size
         if sgd_minibatch_size is not None:
             batch = self.default_datamodule.train_batch_size
             if sgd_minibatch_size % T or batch % sgd_minibatch_size:
@@ -90,12 +94,11 @@ class IMPALA(ActorCriticSettings, RecurrentSettings, SamplerWorkers, LearnerQueu
                     f"sgd_minibatch_size ({sgd_minibatch_size}) must be a multiple of rollout_fragment_length ({T}) "
                     f"that divides the train batch ({batch} env steps): minibatches are whole env columns"
                 )
-        self.sgd_minibatch_size = sgd_minibatch_size
-        self.clip_rho, self.clip_pg_rho = vtrace_clip_rho_threshold, vtrace_clip_pg_rho_threshold
+        self.clip_rho, self.clip_pg_rho = self.vtrace_clip_rho_threshold, self.vtrace_clip_pg_rho_threshold
         if self.max_seq_len is not None and (self.max_seq_len < 1 or T % self.max_seq_len):
             raise ValueError(f"max_seq_len ({self.max_seq_len}) must divide rollout_fragment_length ({T})")
-        self.build_policies(RecurrentActorCritic if self.use_lstm else ActorCritic, **self.network_settings,
-                            **self.recurrent_settings)
+        self.build_policies(RecurrentActorCritic if self.use_lstm else ActorCritic, **self.network_settings(),
+                            **self.recurrent_settings())
 
     supports_multi_agent = True  # time-major columns per (env, agent): MultiAgentFragmentSampler
     lr_schedule_unset = "linear"  # with a constant rate the greedy policy swings to the end of a budget

@@ -13,51 +13,44 @@ from lightning_rl.algorithms.on_policy import OnPolicyModule
 from lightning_rl.batch import SampleBatch
 from lightning_rl.distributed import mean_over_ranks
 from lightning_rl.functional import explained_variance, masked_mean, ppo_surrogate_loss, value_loss
-from lightning_rl.settings import Schedule, resolve_schedule
+from lightning_rl.settings import Schedule, resolve_schedule, settings
 
 # Under bf16-mixed the learner's CNN trunk rounds (its heads are float32), so the ratio starts an
 # update off 1 by up to about 0.01 (90th percentile) for a trained policy (benchmarks/bf16_ratio.py).
 BF16_MIN_CLIP = 0.02
 
 
+@settings
 class PPO(OnPolicyModule):
     """PPO with the clipped surrogate, optional value clipping and an adaptive KL penalty.
 
     Loss per minibatch (eq. 9 of the paper, with the KL penalty of its section 4)::
 
         pg_loss + vf_loss_coeff * vf_loss - entropy_coeff * entropy + kl_coeff * kl
-
-    Args:
-        num_sgd_iter: epochs of minibatch SGD over each train batch.
-        sgd_minibatch_size: rows per minibatch (whole ``max_seq_len`` sequences with ``use_lstm``).
-        clip_param: surrogate clip range epsilon.
-        clip_param_schedule: ``constant``/``None``, ``linear`` (to 0 at ``total_env_steps``) or ``[[step, clip], ...]``.
-        vf_clip_param: clip value predictions to ``old +- vf_clip_param`` (``None``: no clipping).
-        kl_coeff: initial weight of the KL(old || new) penalty (0: no penalty).
-        kl_target: the KL weight is multiplied by 1.5 above ``2 * kl_target`` and by 0.5 below ``kl_target / 2``.
     """
 
-    def __init__(
-        self,
-        *,
-        clip_param: float = 0.2,
-        clip_param_schedule: Schedule = None,
-        vf_clip_param: float | None = None,
-        kl_coeff: float = 0.0,
-        kl_target: float = 0.01,
-        **settings: Any,
-    ) -> None:
-        super().__init__(**settings)
-        self.save_hyperparameters()
+    clip_param: float = 0.2
+    """surrogate clip range epsilon."""
+    clip_param_schedule: Schedule = None
+    """``constant``/``None``, ``linear`` (to 0 at ``total_env_steps``) or ``[[step, clip], ...]``."""
+    vf_clip_param: float | None = None
+    """clip value predictions to ``old +- vf_clip_param`` (``None``: no clipping)."""
+    kl_coeff: float = 0.0
+    """initial weight of the KL(old || new) penalty (0: no penalty)."""
+    kl_target: float = 0.01
+    """the KL weight is multiplied by 1.5 above ``2 * kl_target`` and by 0.5 below ``kl_target / 2``."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        clip_param, vf_clip_param, kl_coeff, kl_target = (self.clip_param, self.vf_clip_param, self.kl_coeff,
+                                                          self.kl_target)
         if clip_param <= 0 or (vf_clip_param is not None and vf_clip_param <= 0):
             raise ValueError(f"clip_param and vf_clip_param must be positive, got {clip_param}, {vf_clip_param}")
         if kl_coeff < 0 or kl_target <= 0:
             raise ValueError(f"kl_coeff must be >= 0 and kl_target > 0, got {kl_coeff}, {kl_target}")
-        self.clip_param, self.vf_clip_param = clip_param, vf_clip_param
-        self.clip_points = resolve_schedule("clip_param_schedule", clip_param_schedule, clip_param,
+        self.clip_points = resolve_schedule("clip_param_schedule", self.clip_param_schedule, self.clip_param,
                                             self.total_env_steps)
-        self.kl_coeff = {policy_id: float(kl_coeff) for policy_id in self.policies}
-        self.kl_target = kl_target
+        self.kl_coeff = {policy_id: float(self.kl_coeff) for policy_id in self.policies}  # type: ignore[assignment]
 
     def on_fit_start(self) -> None:
         super().on_fit_start()

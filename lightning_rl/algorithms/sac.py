@@ -4,18 +4,24 @@ entropy tuning and twin Q-networks."""
 from __future__ import annotations
 
 import copy
-from typing import Any, ClassVar
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from lightning_rl.algorithms.off_policy import OffPolicyModule
 from lightning_rl.batch import DEFAULT_POLICY_ID, SampleBatch
+from lightning_rl.data.envs import EnvSpec
 from lightning_rl.functional import soft_update_
+from lightning_rl.nn.encoders import Activation
 from lightning_rl.nn.q_models import SquashedGaussianActor, TwinQ
+from lightning_rl.policies import PolicyMapping
+from lightning_rl.settings import positive, setting, settings
 from lightning_rl.update import call, policy_loss
 
 
+@settings
 class SAC(OffPolicyModule):
     """SAC for Box actions of any bounds; defaults are rl-zoo's Pendulum-v1 settings.
 
@@ -33,31 +39,40 @@ class SAC(OffPolicyModule):
     ``on_before_optimizer_step`` hooks).
     Image observations (``encoder`` unset): the actor and each critic read them through a CNN
     of their own (``nn/cnn.py``), the replay keeps them in their dtype.
-
-    Args:
-        env: gymnasium id (``"module:Id"`` imports ``module`` first) or a callable returning a ``gymnasium.Env``.
-        lr: Adam's learning rate of the actor, the critics and the temperature.
-        hiddens: MLP layer sizes of the actor and of each critic.
-        activation: the MLPs' activation: a name such as ``relu`` or an import path.
-        tau: Polyak coefficient of the target critics, per update.
-        target_network_update_freq: global env steps between Polyak updates (0: after every gradient step).
-        initial_alpha: entropy temperature at the start (learned toward ``target_entropy``).
-        target_entropy: ``auto`` (``-action_dim``) or a number: the policy entropy the temperature aims at.
     """
 
-    setting_defaults: ClassVar[dict[str, Any]] = dict(
-        env="Pendulum-v1", num_envs=1, total_env_steps=20_000, iterations_per_epoch=1000, lr=1e-3, grad_clip=None,
-        hiddens=(256, 256), activation="relu", buffer_size=1_000_000, learning_starts=100, train_freq=1,
-        num_gradient_steps=1, train_batch_size=256, n_step=1, tau=0.005, target_network_update_freq=0,
-    )
+    env: EnvSpec = setting(default="Pendulum-v1", kw_only=False)
+    num_envs: int = 1
+    total_env_steps: int | None = 20_000
+    iterations_per_epoch: int = 1000
+    lr: float = 1e-3
+    """Adam's learning rate of the actor, the critics and the temperature."""
+    grad_clip: float | None = None
+    hiddens: Sequence[int] = (256, 256)
+    """MLP layer sizes of the actor and of each critic."""
+    activation: Activation = "relu"
+    """the MLPs' activation: a name such as ``relu`` or an import path."""
     # single-agent
-    fixed_settings: ClassVar[dict[str, Any]] = dict(policies=None, policy_mapping_fn=None, policies_to_train=None)
+    policies: Sequence[str] | dict[str, dict[str, Any]] | None = setting(default=None, init=False)  # type: ignore[assignment]
+    policy_mapping_fn: PolicyMapping | None = setting(default=None, init=False)
+    policies_to_train: Sequence[str] | None = setting(default=None, init=False)
+    buffer_size: int = 1_000_000
+    learning_starts: int = 100
+    train_freq: int = 1
+    num_gradient_steps: int = 1
+    train_batch_size: int = 256
+    n_step: int = 1
+    target_network_update_freq: int = 0
+    """global env steps between Polyak updates (0: after every gradient step)."""
+    tau: float = 0.005
+    """Polyak coefficient of the target critics, per update."""
+    initial_alpha: float = setting(default=1.0, check=positive)
+    """entropy temperature at the start (learned toward ``target_entropy``)."""
+    target_entropy: float | str = "auto"
+    """``auto`` (``-action_dim``) or a number: the policy entropy the temperature aims at."""
 
-    def __init__(self, *, initial_alpha: float = 1.0, target_entropy: float | str = "auto", **settings: Any) -> None:
-        super().__init__(**settings)
-        self.save_hyperparameters()
-        if initial_alpha <= 0:
-            raise ValueError(f"initial_alpha must be positive, got {initial_alpha}")
+    def __post_init__(self) -> None:
+        super().__post_init__()
         with torch.random.fork_rng():
             if self.seed is not None:
                 torch.manual_seed(self.seed)
@@ -69,9 +84,9 @@ class SAC(OffPolicyModule):
                                                                    self.activation, self.encoder)})
         self.target_critics = copy.deepcopy(self.critics).requires_grad_(False)
         self.log_alpha = nn.ParameterDict(
-            {DEFAULT_POLICY_ID: nn.Parameter(torch.tensor(float(initial_alpha)).log())}
+            {DEFAULT_POLICY_ID: nn.Parameter(torch.tensor(float(self.initial_alpha)).log())}
         )
-        self.target_entropy = -float(action_dim) if target_entropy == "auto" else float(target_entropy)
+        self.target_entropy = -float(action_dim) if self.target_entropy == "auto" else float(self.target_entropy)
 
     def configure_optimizers(self) -> Any:
         pid = DEFAULT_POLICY_ID

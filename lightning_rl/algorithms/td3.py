@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import copy
-from typing import Any, ClassVar
+from collections.abc import Sequence
+from typing import Any
 
 import gymnasium as gym
 import torch
@@ -14,13 +15,18 @@ from torch import Tensor, nn
 from lightning_rl.algorithms.off_policy import OffPolicyModule
 from lightning_rl.batch import DEFAULT_POLICY_ID, SampleBatch
 from lightning_rl.checkpoint import pack_rank_states, unpack_rank_state
+from lightning_rl.data.envs import EnvSpec
 from lightning_rl.functional import clipped_double_q_target, smoothed_target_actions, soft_update_
+from lightning_rl.nn.encoders import Activation
 from lightning_rl.nn.q_models import DeterministicActor, OrnsteinUhlenbeckNoise, TwinQ
+from lightning_rl.policies import PolicyMapping
+from lightning_rl.settings import at_least, one_of, setting, settings
 from lightning_rl.update import call, policy_loss
 
 ACTION_NOISES = ("normal", "ornstein-uhlenbeck", None)
 
 
+@settings
 class TD3(OffPolicyModule):
     """TD3 for Box actions of any bounds; defaults are Stable-Baselines3's (rl-zoo's Pendulum-v1 network).
 
@@ -40,58 +46,54 @@ class TD3(OffPolicyModule):
     Exploration: the replay acts uniformly at random for ``learning_starts`` env steps, then the
     actor acts with ``action_noise`` added in the ``[-1, 1]`` scale (clipped there); evaluation
     and ``predict(deterministic=True)`` act without noise.
-
-    Args:
-        env: gymnasium id (``"module:Id"`` imports ``module`` first) or a callable returning a ``gymnasium.Env``.
-        lr: Adam's learning rate of the actor and the critics.
-        hiddens: MLP layer sizes of the actor and of each critic.
-        activation: the MLPs' activation: a name such as ``relu`` or an import path.
-        tau: Polyak coefficient of the target actor and critics, per actor update.
-        target_network_update_freq: global env steps between Polyak updates (0: after every actor update).
-        policy_delay: critic updates per actor (and target) update (1: DDPG's every update).
-        target_policy_noise: standard deviation of the target policy smoothing noise (``[-1, 1]`` units; 0: off).
-        target_noise_clip: the smoothing noise is clipped to +- this.
-        action_noise: exploration noise added to the actor's actions: ``normal``, ``ornstein-uhlenbeck`` or ``None``.
-        action_noise_sigma: the exploration noise's standard deviation (``[-1, 1]`` action units; OU's sigma).
-        twin_q: two critics and the minimum of their targets (clipped double Q); False: one critic (DDPG).
     """
 
-    setting_defaults: ClassVar[dict[str, Any]] = dict(
-        env="Pendulum-v1", num_envs=1, total_env_steps=20_000, iterations_per_epoch=1000, lr=1e-3, grad_clip=None,
-        hiddens=(400, 300), activation="relu", buffer_size=1_000_000, learning_starts=100, train_freq=1,
-        num_gradient_steps=1, train_batch_size=256, n_step=1, tau=0.005, target_network_update_freq=0,
-    )
+    env: EnvSpec = setting(default="Pendulum-v1", kw_only=False)
+    num_envs: int = 1
+    total_env_steps: int | None = 20_000
+    iterations_per_epoch: int = 1000
+    lr: float = 1e-3
+    """Adam's learning rate of the actor and the critics."""
+    grad_clip: float | None = None
+    hiddens: Sequence[int] = (400, 300)
+    """MLP layer sizes of the actor and of each critic."""
+    activation: Activation = "relu"
+    """the MLPs' activation: a name such as ``relu`` or an import path."""
     # single-agent
-    fixed_settings: ClassVar[dict[str, Any]] = dict(policies=None, policy_mapping_fn=None, policies_to_train=None)
+    policies: Sequence[str] | dict[str, dict[str, Any]] | None = setting(default=None, init=False)  # type: ignore[assignment]
+    policy_mapping_fn: PolicyMapping | None = setting(default=None, init=False)
+    policies_to_train: Sequence[str] | None = setting(default=None, init=False)
+    buffer_size: int = 1_000_000
+    learning_starts: int = 100
+    train_freq: int = 1
+    num_gradient_steps: int = 1
+    train_batch_size: int = 256
+    n_step: int = 1
+    target_network_update_freq: int = 0
+    """global env steps between Polyak updates (0: after every actor update)."""
+    tau: float = 0.005
+    """Polyak coefficient of the target actor and critics, per actor update."""
+    policy_delay: int = setting(default=2, check=at_least(1))
+    """critic updates per actor (and target) update (1: DDPG's every update)."""
+    target_policy_noise: float = setting(default=0.2, check=at_least(0))
+    """standard deviation of the target policy smoothing noise (``[-1, 1]`` units; 0: off)."""
+    target_noise_clip: float = setting(default=0.5, check=at_least(0))
+    """the smoothing noise is clipped to +- this."""
+    action_noise: str | None = setting(default="normal", check=one_of(*ACTION_NOISES))
+    """exploration noise added to the actor's actions: ``normal``, ``ornstein-uhlenbeck`` or ``None``."""
+    action_noise_sigma: float = setting(default=0.1, check=at_least(0))
+    """the exploration noise's standard deviation (``[-1, 1]`` action units; OU's sigma)."""
+    twin_q: bool = True
+    """two critics and the minimum of their targets (clipped double Q); False: one critic (DDPG)."""
 
-    def __init__(
-        self,
-        *,
-        policy_delay: int = 2,
-        target_policy_noise: float = 0.2,
-        target_noise_clip: float = 0.5,
-        action_noise: str | None = "normal",
-        action_noise_sigma: float = 0.1,
-        twin_q: bool = True,
-        **settings: Any,
-    ) -> None:
-        super().__init__(**settings)
-        self.save_hyperparameters()
+    def __post_init__(self) -> None:
+        super().__post_init__()
         space = self.action_space
         if not (isinstance(space, gym.spaces.Box) and len(space.shape) == 1):
             raise ValueError(f"unsupported action space {space}: {type(self).__name__} needs 1-D Box actions")
-        if policy_delay < 1:
-            raise ValueError(f"policy_delay must be >= 1, got {policy_delay}")
-        if target_policy_noise < 0 or target_noise_clip < 0 or action_noise_sigma < 0:
-            raise ValueError("target_policy_noise, target_noise_clip and action_noise_sigma must be >= 0, got "
-                             f"{target_policy_noise}, {target_noise_clip}, {action_noise_sigma}")
-        if action_noise not in ACTION_NOISES:
-            raise ValueError(f"action_noise must be one of {ACTION_NOISES}, got {action_noise!r}")
-        self.policy_delay, self.twin_q = policy_delay, twin_q
-        self.target_policy_noise, self.target_noise_clip = target_policy_noise, target_noise_clip
-        self.action_noise_sigma = action_noise_sigma
+        action_noise, sigma = self.action_noise, self.action_noise_sigma
         self.noise: str | OrnsteinUhlenbeckNoise | None = (
-            OrnsteinUhlenbeckNoise(action_noise_sigma) if action_noise == "ornstein-uhlenbeck" else action_noise)
+            OrnsteinUhlenbeckNoise(sigma) if action_noise == "ornstein-uhlenbeck" else action_noise)
         with torch.random.fork_rng():
             if self.seed is not None:
                 torch.manual_seed(self.seed)
@@ -99,7 +101,7 @@ class TD3(OffPolicyModule):
                 self.observation_space, space, self.hiddens, self.activation, self.encoder)
             self.critics = nn.ModuleDict({DEFAULT_POLICY_ID: TwinQ(
                 self.observation_space, int(space.shape[0]), self.hiddens, self.activation, self.encoder,
-                num_q=2 if twin_q else 1)})
+                num_q=2 if self.twin_q else 1)})
         self.target_actors = nn.ModuleDict({DEFAULT_POLICY_ID: copy.deepcopy(self.policies[DEFAULT_POLICY_ID])})
         self.target_actors.requires_grad_(False)
         self.target_critics = copy.deepcopy(self.critics).requires_grad_(False)
@@ -185,9 +187,12 @@ class TD3(OffPolicyModule):
             self.noise.states = {} if mine is None else {tuple(t.shape): t for t in mine["states"]}
 
 
+@settings
 class DDPG(TD3):
     """DDPG (Lillicrap et al. 2016): TD3 with one critic (``twin_q=False``), no target policy
     smoothing (``target_policy_noise=0``) and an actor and target update after every critic update
     (``policy_delay=1``), as Stable-Baselines3's DDPG is its TD3 with those defaults."""
 
-    setting_defaults: ClassVar[dict[str, Any]] = dict(policy_delay=1, target_policy_noise=0.0, twin_q=False)
+    policy_delay: int = 1
+    target_policy_noise: float = 0.0
+    twin_q: bool = False
