@@ -225,7 +225,7 @@ def start(spec: dict[str, Any], workdir: Path, index: int) -> tuple[dict[str, An
     with open(log_path, "wb") as log:
         proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--run-one", json.dumps(spec),
                                  "--result", str(result_path)], stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=env, cwd=ROOT)
+                                stdin=subprocess.DEVNULL, env=env, cwd=workdir)  # MuJoCo writes MUJOCO_LOG.TXT here
     return spec, proc, result_path, log_path
 
 
