@@ -446,10 +446,17 @@ def finish_interrupted(proc: subprocess.Popen) -> str:
     return out
 
 
+def _children() -> set[str]:
+    return {p for p in os.listdir("/proc") if p.isdigit() and _child_of_this_test(int(p))}
+
+
 @pytest.fixture(autouse=True)
 def _no_stray_processes():
+    """No process a test started outlives it (children the pytest worker already had, such as
+    multiprocessing's resource tracker started by an earlier test file, are not the test's)."""
+    before = _children()
     yield
-    assert not [p for p in os.listdir("/proc") if p.isdigit() and _child_of_this_test(int(p))]
+    assert not _children() - before
 
 
 def _child_of_this_test(pid: int) -> bool:
