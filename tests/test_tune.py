@@ -452,8 +452,8 @@ def _children() -> set[str]:
 
 @pytest.fixture(autouse=True)
 def _no_stray_processes():
-    """No process a test started outlives it (children the pytest worker already had, such as
-    multiprocessing's resource tracker started by an earlier test file, are not the test's)."""
+    """No process a test started outlives it (children the pytest worker already had, from an
+    earlier test file, are not the test's)."""
     before = _children()
     yield
     assert not _children() - before
