@@ -65,6 +65,7 @@ entry per row with every figure, and every run.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import math
@@ -370,14 +371,22 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+@functools.cache
+def _learning() -> Any:
+    """``benchmarks/learning.py``, loaded by path (this script keeps its own folder off ``sys.path``)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("benchmarks_learning", Path(__file__).with_name("learning.py"))
+    assert spec is not None and spec.loader is not None
+    learning = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = learning  # (its dataclasses look their module up there)
+    spec.loader.exec_module(learning)
+    return learning
+
+
 def json_safe(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(v) for v in value]
-    return value
+    """``learning.py``'s: NaN and infinities as ``null``, through nested dicts and lists."""
+    return _learning().json_safe(value)
 
 
 def versions() -> dict[str, Any]:
