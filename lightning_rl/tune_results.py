@@ -97,7 +97,7 @@ def write_best(study: Any, search: Search) -> Path | None:
     except ValueError:
         return None
     path = search.root_dir / BEST_CONFIG
-    k = getattr(search.options, "average_last", 1)
+    k = search.options.average_last
     averaged = f" (mean of its last {k} evaluations)" if k > 1 and search.options.backend == "optuna" else ""
     header = (f"the best trial ({best.number}) of study {search.study_name!r}: {search.options.metric} = "
               f"{best.value:.6g}{averaged} (lightning-rl tune)\nrun it: lightning-rl fit -c {path}")

@@ -41,7 +41,7 @@ LONG_FILES = frozenset({
     "test_compile.py", "test_custom_env.py", "test_custom_network.py", "test_checkpoint_safety.py",
     "test_env_faults.py", "test_async.py", "test_async_resume.py", "test_apex_a3c.py", "test_normalization.py",
     "test_recurrent.py", "test_plot_record.py", "test_benchmark_scripts.py", "test_learning_seeds.py",
-    "test_trainer_flags_processes.py", "test_tune.py", "test_tune_ray.py", "test_benchmark_mujoco.py",
+    "test_trainer_flags_processes.py", "test_tune.py", "test_tune_ray.py", "test_benchmark_continuous_control.py",
 })
 
 

@@ -48,10 +48,10 @@ Columns of the table (one row per env x algorithm):
 
 Usage::
 
-    python benchmarks/mujoco.py --envs Hopper-v5 --algos ppo --ppo-steps 200000 --seeds 0,1,2
-    python benchmarks/mujoco.py                                    # the full table (days on 2 cores)
-    python benchmarks/mujoco.py --algos sac,td3 --sac-steps 20000 --td3-steps 20000 --seeds 0
-    python benchmarks/mujoco.py --from-json a.json,b.json          # one table from saved runs
+    python benchmarks/continuous_control.py --envs Hopper-v5 --algos ppo --ppo-steps 200000 --seeds 0,1,2
+    python benchmarks/continuous_control.py                                    # the full table (days on 2 cores)
+    python benchmarks/continuous_control.py --algos sac,td3 --sac-steps 20000 --td3-steps 20000 --seeds 0
+    python benchmarks/continuous_control.py --from-json a.json,b.json          # one table from saved runs
 
 ``--save PATH`` writes every finished run as JSON after each one (so a stopped benchmark keeps
 its runs); ``--from-json`` merges such files and prints their table without running anything.
@@ -65,7 +65,6 @@ entry per row with every figure, and every run.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import logging
 import math
@@ -81,9 +80,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-# Run as a script, this file's folder comes first on sys.path, where this file would stand in for the
-# ``mujoco`` package that gymnasium imports: drop that folder.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+from learning import PARENT_PID_ENV, die_with_parent, json_safe  # benchmarks/learning.py
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = ROOT / "examples" / "configs"
@@ -222,7 +219,7 @@ def run_child(spec_json: str, result_path: str) -> None:
 # --------------------------------------------------------------------------- the runs (parent process)
 def start(spec: dict[str, Any], workdir: Path, index: int) -> tuple[dict[str, Any], subprocess.Popen, Path, Path]:
     result_path, log_path = workdir / f"run{index}.json", workdir / f"run{index}.log"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", PARENT_PID_ENV: str(os.getpid())}
     with open(log_path, "wb") as log:
         proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--run-one", json.dumps(spec),
                                  "--result", str(result_path)], stdout=log, stderr=subprocess.STDOUT,
@@ -371,24 +368,6 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-@functools.cache
-def _learning() -> Any:
-    """``benchmarks/learning.py``, loaded by path (this script keeps its own folder off ``sys.path``)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("benchmarks_learning", Path(__file__).with_name("learning.py"))
-    assert spec is not None and spec.loader is not None
-    learning = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = learning  # (its dataclasses look their module up there)
-    spec.loader.exec_module(learning)
-    return learning
-
-
-def json_safe(value: Any) -> Any:
-    """``learning.py``'s: NaN and infinities as ``null``, through nested dicts and lists."""
-    return _learning().json_safe(value)
-
-
 def versions() -> dict[str, Any]:
     from importlib.metadata import version
 
@@ -453,6 +432,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.run_one is not None:
+        die_with_parent()  # (the kernel kills a run whose benchmark process died, however it ended)
         run_child(args.run_one, args.result)
         return 0
     load_start = load_average()

@@ -1,0 +1,79 @@
+"""``benchmarks/continuous_control.py`` runs as documented on tiny settings: both sides fit PPO, SAC and TD3
+on Hopper-v5 in their own processes, and the last stdout line is the JSON object of figures its
+docstring promises."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.test_benchmark_scripts import ROOT, run_benchmark
+
+pytest.importorskip("mujoco")
+pytest.importorskip("stable_baselines3")
+
+
+def test_mujoco_table_runs_both_sides_and_prints_its_figures_as_json_last():
+    # eager (--compile off) keeps the six fits short; SAC/TD3 learn from env step 100 instead of 10k
+    proc = run_benchmark("continuous_control", "--envs", "Hopper-v5", "--seeds", "0", "--ppo-steps", "2048",
+                         "--sac-steps", "300", "--td3-steps", "300", "--learning-starts", "100", "--compile", "off",
+                         timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert any(line.startswith("| Hopper-v5 | PPO (eager) | 2,048 | 0 |") for line in lines), proc.stdout
+    result = json.loads(lines[-1])
+    assert result["budgets"] == {"ppo": 2048, "sac": 300, "td3": 300} and result["seeds"] == [0]
+    assert result["compile"] is False and result["learning_starts"] == 100
+    assert len(result["load_avg_start"]) == 3 and len(result["load_avg_end"]) == 3
+    assert [(row["env"], row["algo"]) for row in result["rows"]] == [("Hopper-v5", a) for a in ("ppo", "sac", "td3")]
+    for row in result["rows"]:
+        assert row["published_return"] is None and row["published_source"] == "—"  # no published figure at this budget
+        for side in ("ours", "sb3"):
+            figures = row[side]
+            assert figures["runs"] == 1 and figures["errors"] == [None], figures
+            assert figures["steps_per_s"] > 0 and isinstance(figures["return_mean"], float)
+        assert row["return_ratio"] == pytest.approx(row["ours"]["return_mean"] / row["sb3"]["return_mean"])
+        assert row["speed_ratio"] == pytest.approx(row["ours"]["steps_per_s"] / row["sb3"]["steps_per_s"])
+    runs = result["runs"]
+    assert sorted((r["algo"], r["side"]) for r in runs) == sorted(
+        (a, s) for a in ("ppo", "sac", "td3") for s in ("ours", "sb3"))
+    for run in runs:
+        assert run["env_steps"] == run["steps"] and len(run["returns"]) == 10 and run["error"] is None, run
+    assert not run_processes_left(), "a run process outlived the benchmark"
+
+
+def run_processes_left() -> list[int]:
+    """Processes of ``benchmarks/continuous_control.py --run-one`` still alive (none once it returned)."""
+    left = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"--run-one" in cmdline and any(part.endswith(b"benchmarks/continuous_control.py") for part in cmdline):
+            left.append(int(pid))
+    return left
+
+
+def test_a_run_dies_with_its_benchmark_process():
+    """A run started by the benchmark is killed by the kernel when the benchmark process dies,
+    however it ends (here SIGKILL while the first run loads)."""
+    proc = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "continuous_control.py"), "--envs", "Hopper-v5",
+                             "--seeds", "0", "--algos", "ppo", "--ppo-steps", "2048", "--compile", "off"],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not run_processes_left() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert run_processes_left(), "no run started within 120 s"
+    proc.kill()
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while run_processes_left() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not run_processes_left()
