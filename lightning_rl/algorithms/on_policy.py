@@ -84,8 +84,7 @@ class OnPolicyModule(ActorCriticSettings, RecurrentSettings, Algorithm):
     """clip normalized rewards to +- this (``None``: no clip)."""
     iterations_per_step: int = setting(default=1, check=positive, resumable=True)
     """training iterations (rollout, then update) run back to back in one Lightning training step, which pays
-    Lightning's per-step loop once for all: the same results, faster where an iteration is small (A2C; SAC and
-    TD3 at one env step per iteration)."""
+    Lightning's per-step loop once for all: the same results, faster where an iteration is small (A2C)."""
 
     # A2C: 1, one step on the whole batch
     minibatches_per_epoch: ClassVar[int | None] = None
