@@ -69,6 +69,7 @@ import torch
 import torch._dynamo
 
 from lightning_rl import A3C, APEX, APPO, IMPALA, evaluate
+from lightning_rl.data.settings import EnvSettings
 
 
 class Lag(pl.Callback):
@@ -176,7 +177,8 @@ def ingest(env: str, num_envs: int, workers: int, seconds: float) -> dict[str, A
     s = settings(IMPALA, env, num_envs)
     model = IMPALA(**s, num_workers=0, seed=0)
     policy = _cpu_copy(model.policies["default_policy"])
-    dm = RolloutDataModule(env, num_envs, s["rollout_fragment_length"], "sync", 0, 1, "cpu")
+    dm = RolloutDataModule(EnvSettings(env, num_envs=num_envs, vectorization="sync", seed=0, iterations_per_epoch=1),
+                           s["rollout_fragment_length"])
     dm.connect(model)
     columns = _fragment_columns(policy, dm)
     fragment = {k: torch.zeros(shape, dtype=dtype) for k, (shape, dtype) in columns.items()}

@@ -8,7 +8,8 @@
   without code; they are saved as a ``"<callable module.name>"`` placeholder and must be
   passed again when the checkpoint is loaded (``PPO.load_from_checkpoint(path, env=...)``).
 - Under DDP every rank's sampler state (envs, RNG, replay) is gathered into the one file
-  rank 0 writes, and each rank restores its own (``pack_rank_states``/``unpack_rank_state``).
+  rank 0 writes, and each rank restores its own (``checkpoint_data.py``); an algorithm's own
+  counters and schedules are ``algorithms/state.py``'s.
 """
 
 from __future__ import annotations
@@ -16,21 +17,18 @@ from __future__ import annotations
 import warnings
 import weakref
 import zipfile
-from collections.abc import Callable
 from os import PathLike
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import pytorch_lightning as pl
 import torch
 from lightning_fabric.plugins import CheckpointIO
 from pytorch_lightning.trainer.states import TrainerFn
-from pytorch_lightning.utilities import rank_zero_info
 
-from lightning_rl.distributed import gather_to_rank_zero
-from lightning_rl.functional import piecewise_linear
-
-if TYPE_CHECKING:
-    from lightning_rl.algorithms.base import Algorithm
+# An algorithm's class: the registry holds LightningModule classes, so that this module (which the
+# algorithms import) names none of them, not even for type hints.
+AlgorithmClass = type[pl.LightningModule]
 
 
 class CheckpointError(ValueError):
@@ -85,16 +83,16 @@ def class_path(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-_DEFINED: weakref.WeakValueDictionary[str, type[Algorithm]] = weakref.WeakValueDictionary()
+_DEFINED: weakref.WeakValueDictionary[str, AlgorithmClass] = weakref.WeakValueDictionary()
 
 
-def register_algorithm(cls: type[Algorithm]) -> None:
+def register_algorithm(cls: AlgorithmClass) -> None:
     """Record ``cls`` under ``module.QualName``: ``Algorithm.__init_subclass__`` calls it for every
     subclass as it is defined (a later class of the same path replaces the earlier one)."""
     _DEFINED[class_path(cls)] = cls
 
 
-def algorithm_registry() -> dict[str, type[Algorithm]]:
+def algorithm_registry() -> dict[str, AlgorithmClass]:
     """Every ``Algorithm`` subclass defined in this process (and still alive), by ``module.QualName``.
 
     Classes get here by being defined (imported by the user's own code), never because a
@@ -122,7 +120,7 @@ def algorithm_path(checkpoint: dict[str, Any]) -> str | None:
     return checkpoint.get("lightning_rl", {}).get("algorithm")
 
 
-def resolve_algorithm(name: str) -> type[Algorithm]:
+def resolve_algorithm(name: str) -> AlgorithmClass:
     """The algorithm class for ``name`` — ``module.QualName`` or a unique class name like
     ``"PPO"`` — among the classes defined in this process."""
     registry = algorithm_registry()
@@ -148,7 +146,7 @@ def base_algorithm_path(checkpoint: dict[str, Any]) -> str | None:
     return checkpoint.get("lightning_rl", {}).get("base_algorithm")
 
 
-def algorithm_class(checkpoint: dict[str, Any]) -> type[Algorithm] | None:
+def algorithm_class(checkpoint: dict[str, Any]) -> AlgorithmClass | None:
     """The algorithm class that wrote the checkpoint, from the registry (``None`` if unrecorded).
 
     A subclass not defined in this process (one defined in a training script's ``__main__``,
@@ -174,7 +172,7 @@ def algorithm_class(checkpoint: dict[str, Any]) -> type[Algorithm] | None:
     return cls
 
 
-def loading_class(cls: type[Algorithm], path: str | PathLike[str]) -> type[Algorithm]:
+def loading_class(cls: AlgorithmClass, path: str | PathLike[str]) -> AlgorithmClass:
     """The class ``cls.load_from_checkpoint(path)`` builds, after reading ``path`` safely (a
     ``CheckpointError`` naming it when it is missing, truncated, foreign or of another algorithm):
     the class the file records where that is a ``cls`` (``Algorithm.load_from_checkpoint`` loads
@@ -262,158 +260,3 @@ def drop_foreign_callback_states(checkpoint: dict[str, Any], trainer: Any, resum
         state = states.get(callback.state_key) if isinstance(callback, ModelCheckpoint) else None
         if isinstance(state, dict) and state.get("dirpath") != callback.dirpath:
             del states[callback.state_key]
-
-
-# ----------------------------------------------------------------------------- callable hyperparameters
-_PLACEHOLDER = "<callable {}>"
-
-
-def callable_placeholder(fn: Callable[..., Any]) -> str:
-    """What a checkpoint keeps of a callable hyperparameter: its name, for the error message."""
-    target = getattr(fn, "func", fn)  # functools.partial
-    name = f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', type(target).__name__)}"
-    return _PLACEHOLDER.format(name)
-
-
-def is_callable_placeholder(value: Any) -> bool:
-    return isinstance(value, str) and value.startswith("<callable ") and value.endswith(">")
-
-
-def check_not_placeholder(name: str, value: Any) -> None:
-    """A hyperparameter restored from a checkpoint as a placeholder: the callable must be given again."""
-    if is_callable_placeholder(value):
-        raise ValueError(
-            f"{name}={value}: the checkpoint was trained with this callable, which a checkpoint cannot hold "
-            f"(loading one never runs code). Pass it again, e.g. Algo.load_from_checkpoint(path, {name}=...) "
-            f"or --model.{name} on the command line"
-        )
-
-
-# ----------------------------------------------------------------------------- per-rank state
-def pack_rank_states(local: dict[str, Any], interrupted: bool = False) -> dict[str, Any]:
-    """Every rank's ``local`` state for the checkpoint rank 0 writes: ``{"world_size", "ranks"}``.
-
-    Must be called on every rank together (it gathers), except when ``interrupted``: a
-    Ctrl-C may reach one rank only, so that checkpoint keeps this rank's state alone and a
-    resume from it re-seeds the samplers (``unpack_rank_state``)."""
-    from lightning_rl.distributed import world_size
-
-    size = world_size()
-    ranks = [local] if interrupted or size == 1 else gather_to_rank_zero(local)
-    return {"world_size": size, "ranks": ranks}
-
-
-def unpack_rank_state(
-    packed: dict[str, Any] | None, rank: int, world_size: int, what: str, warn: bool = True
-) -> dict[str, Any] | None:
-    """This rank's state from ``pack_rank_states``; ``None`` — with a warning when resuming a
-    fit (``warn``) — when the checkpoint holds no state for it (another world size, an
-    interrupted DDP run): the caller then re-seeds. Outside a fit (loading weights for
-    inference) rank 0's state is taken silently."""
-    if not packed:
-        return None
-    ranks = packed.get("ranks") or []
-    if packed.get("world_size") == world_size and len(ranks) == world_size:
-        return ranks[rank]
-    if not warn:
-        return ranks[0] if ranks else None
-    if rank == 0:
-        warnings.warn(
-            f"the checkpoint holds the {what} of {len(ranks)} of {packed.get('world_size')} ranks, and this run has "
-            f"{world_size}: weights, optimizer state and global counters are restored, but each rank's {what} "
-            "restarts from fresh episodes seeded by seed + 1000 * rank + the restored iteration count, so the "
-            "run will not match an uninterrupted one exactly",
-            stacklevel=2,
-        )
-    return None
-
-
-# ----------------------------------------------------------------------------- an algorithm's state
-def algorithm_state(module: Algorithm, interrupted: bool) -> dict[str, Any]:
-    """``checkpoint["lightning_rl"]``: plain values and tensors only, so the file loads with
-    ``weights_only=True``. What differs between DDP ranks (counters, RNG, the default
-    DataModule's envs and replay) is gathered per rank (a DataModule given to the Trainer
-    gathers its own)."""
-    local = {
-        "counters": dict(module.counters),
-        "shuffle_generator": module.shuffle_generator.get_state(),
-        "learner_generator": module.learner_generator.get_state(),
-        "learner_generator_device": module.learner_generator.device.type,
-        "torch_rng": torch.get_rng_state(),
-    }
-    dm = module.default_datamodule
-    return {
-        "algorithm": class_path(type(module)),
-        "base_algorithm": class_path(builtin_algorithm(type(module))),
-        "global_counters": dict(module.global_counters),
-        "total_env_steps": module.total_env_steps,
-        "schedules": {setting: [[float(t), float(v)] for t, v in points]
-                      for setting, points, _ in _schedules(module) if points is not None},
-        "ranks": pack_rank_states(local, interrupted),
-        "datamodule": dm.state_dict() if dm is not None else None,
-        **module.extra_state(),
-    }
-
-
-def restore_algorithm_state(module: Algorithm, state: dict[str, Any], rank: int, world_size: int,
-                            fitting: bool) -> dict[str, Any] | None:
-    """Undo ``algorithm_state``: this rank's counters and RNG (an even share of the global
-    counters under another world size); torch's global RNG only when ``fitting`` (a resume).
-    Returns the default DataModule's state, which waits for the DataModule's setup."""
-    module.global_counters.update(state.get("global_counters", {}))
-    if fitting and rank == 0:
-        say_retimed_schedules(module, state)
-    mine = unpack_rank_state(state.get("ranks"), rank, world_size, "counters and RNG", warn=fitting)
-    if mine is not None:
-        module.counters.update(mine["counters"])
-        module.shuffle_generator.set_state(mine["shuffle_generator"])
-        if mine.get("learner_generator_device") == module.learner_generator.device.type:  # same kind of device
-            module.learner_generator.set_state(mine["learner_generator"])
-        if fitting:  # a resumed fit continues the run; loading weights leaves the caller's random state alone
-            torch.set_rng_state(mine["torch_rng"])
-    else:
-        module.counters.update({k: v // world_size for k, v in module.global_counters.items()})
-    module.load_extra_state(state)
-    return state.get("datamodule")
-
-
-# ----------------------------------------------------------------------------- schedules at resume
-# The schedules an algorithm may have: (setting, attribute holding its points, the value it sets).
-SCHEDULES = (
-    ("lr_schedule", "lr_points", "lr"),
-    ("clip_param_schedule", "clip_points", "clip_param"),
-    ("prioritized_replay_beta", "beta_points", "prioritized_replay_beta"),
-)
-
-
-def _schedules(module: Algorithm) -> list[tuple[str, list[tuple[float, float]] | None, str]]:
-    return [(setting, getattr(module, attr), value) for setting, attr, value in SCHEDULES if hasattr(module, attr)]
-
-
-def say_retimed_schedules(module: Algorithm, state: dict[str, Any]) -> None:
-    """A run resumed with another ``total_env_steps`` re-times the schedules derived from it
-    (``linear`` ones, ``prioritized_replay_beta``'s annealing): they end at the new budget, as
-    SB3's do when ``learn`` continues with a larger ``total_timesteps``. Said in one line, with
-    each schedule's old and new end and its value now under both."""
-    saved = state.get("schedules")
-    if not saved:
-        return  # a checkpoint from before schedules were saved, or without any
-    step = module.global_counters.get(module.budget_counter, 0)
-    changes = []
-    for setting, points, value in _schedules(module):
-        old = saved.get(setting)
-        if old is None or points is None or [[float(t), float(v)] for t, v in points] == old:
-            continue
-        changes.append(f"{setting} ends at {points[-1][0]:,.0f} (was {old[-1][0]:,.0f}), so {value} is "
-                       f"{piecewise_linear(points, step):.3g} (was {piecewise_linear(old, step):.3g})")
-    if changes:
-        unit = "env steps" if module.budget_counter == "num_env_steps_sampled" else "agent steps"
-        was = state.get("total_env_steps")
-        rank_zero_info(
-            f"{type(module).__name__} resumes at {step:,} {unit} with total_env_steps={_count(module.total_env_steps)} "
-            f"(was {_count(was)}); the schedules derived from the budget end at the new one: {'; '.join(changes)}"
-        )
-
-
-def _count(value: Any) -> str:
-    return f"{value:,}" if isinstance(value, int) else str(value)

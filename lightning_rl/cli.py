@@ -85,10 +85,10 @@ def _lightning() -> SimpleNamespace:
         algorithm_class,
         algorithm_path,
         class_path,
-        is_callable_placeholder,
         read_checkpoint,
         resolve_algorithm,
     )
+    from lightning_rl.checkpoint_data import is_callable_placeholder
     from lightning_rl.data.envs import check_env
 
     # each setting's help is the docstring under its field (jsonargparse reads the bases' too)
@@ -540,10 +540,11 @@ def _cli_value(value: Any) -> str:
 
 @functools.cache
 def _algorithm_sources() -> dict[str, ast.ClassDef] | None:
-    """The classes of ``lightning_rl/algorithms`` by name, read with ``ast`` (nothing imported);
-    ``None`` when the source cannot be read."""
+    """The classes of ``lightning_rl/algorithms`` and the setting groups of ``data/settings.py``
+    by name, read with ``ast`` (nothing imported); ``None`` when the source cannot be read."""
     classes: dict[str, ast.ClassDef] = {}
-    for path in sorted((Path(__file__).parent / "algorithms").glob("*.py")):
+    package = Path(__file__).parent
+    for path in [*sorted((package / "algorithms").glob("*.py")), package / "data" / "settings.py"]:
         tree = _source_tree(path)
         if tree is None:
             return None
@@ -598,7 +599,7 @@ def _source_settings(name: str) -> dict[str, dict[str, Any]] | None:
 @functools.cache
 def _declared_settings() -> dict[str, frozenset[str]] | None:
     """The names of each built-in algorithm's settings, read from the source of
-    ``lightning_rl/algorithms`` (``ast``, nothing imported): the dataclass fields of the class
+    ``lightning_rl/algorithms`` and ``data/settings.py`` (``ast``, nothing imported): the dataclass fields of the class
     and of every class it inherits there, less those a class fixes (``setting(..., init=False)``).
     ``None`` when the source cannot be read. (``tests/test_cli_round_three.py`` checks them
     against the classes' signatures.)"""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -18,11 +18,33 @@ from lightning_rl.batch import DEFAULT_POLICY_ID
 from lightning_rl.data.samplers.engine import act
 
 if TYPE_CHECKING:
-    from lightning_rl.algorithms.base import Algorithm
+    import gymnasium as gym
+
+    from lightning_rl.policies import Policies
+
+
+class Actor(Protocol):
+    """What acting outside Lightning reads of a module: its policies, their observation space, its
+    one action path and its train/eval mode (every algorithm is one, through ``ActionAPI``)."""
+
+    training: bool
+
+    @property
+    def policies(self) -> Policies: ...
+
+    @property
+    def observation_space(self) -> gym.Space: ...
+
+    def compute_actions(self, obs: Any, policy_id: str = ..., explore: bool = ..., state: Any = ...,
+                        episode_start: Any = ..., prev_action: Any = ..., prev_reward: Any = ...) -> Any: ...
+
+    def eval(self) -> Any: ...
+
+    def train(self, mode: bool = ...) -> Any: ...
 
 
 def predict(
-    module: Algorithm,
+    module: Actor,
     obs: np.ndarray | Tensor,
     state: Any = None,
     episode_start: np.ndarray | None = None,
@@ -57,7 +79,7 @@ class Acting:
     then ``observe(rewards, dones)`` after each step. A recurrent policy's state, previous
     action and reward are carried from step to step and reset where an episode ended."""
 
-    def __init__(self, module: Algorithm, policy_id: str = DEFAULT_POLICY_ID, explore: bool = False) -> None:
+    def __init__(self, module: Actor, policy_id: str = DEFAULT_POLICY_ID, explore: bool = False) -> None:
         self.module, self.policy_id, self.explore = module, policy_id, explore
         self.recurrent = module.policies.is_recurrent(policy_id)
         self.state: np.ndarray | None = None
@@ -160,7 +182,7 @@ class _GreedyPolicy(nn.Module):
 
 
 def export_policy(
-    module: Algorithm, path: str | os.PathLike[str], policy_id: str = DEFAULT_POLICY_ID
+    module: Actor, path: str | os.PathLike[str], policy_id: str = DEFAULT_POLICY_ID
 ) -> torch.jit.ScriptModule:
     """Save the greedy policy as TorchScript: ``torch.jit.load(path)(obs_batch) -> actions``,
     runnable without Python, Lightning or this library."""

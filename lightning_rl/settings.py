@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from itertools import pairwise
 from typing import Any
 
-from lightning_rl.checkpoint import callable_placeholder
+from lightning_rl.checkpoint_data import callable_placeholder
 from lightning_rl.nn.encoders import activation_hparam, encoder_hparam
 
 if sys.version_info >= (3, 11):
@@ -134,6 +134,7 @@ def setting(*, default: Any = dataclasses.MISSING, default_factory: Any = datacl
 SUBMODULE_SETTINGS = frozenset({"policies"})
 
 _T = typing.TypeVar("_T", bound=type)
+_G = typing.TypeVar("_G")
 
 
 @dataclass_transform(kw_only_default=True, eq_default=False, field_specifiers=(dataclasses.field, setting))
@@ -196,6 +197,19 @@ def resumable_settings(cls: type) -> tuple[str, ...]:
 def received_settings(module: Any) -> dict[str, Any]:
     """The settings ``module`` was made with, as its dataclass ``__init__`` set them."""
     return {f.name: module.__dict__[f.name] for f in setting_fields(type(module)) if f.name in module.__dict__}
+
+
+def group_of(group: type[_G], source: Any, **changes: Any) -> _G:
+    """The settings ``group`` declares as a ``group`` object, with ``source``'s values (an
+    algorithm's, for the DataModule it builds) and ``changes``."""
+    values = {f.name: getattr(source, f.name) for f in setting_fields(group)}
+    return group(**{**values, **changes})
+
+
+def check_group(values: Any) -> None:
+    """Run the checks of a settings object's declarations on its own values (a DataModule given
+    one made by hand)."""
+    check_settings(values, {f.name: getattr(values, f.name) for f in setting_fields(type(values))})
 
 
 def check_settings(module: Any, values: dict[str, Any]) -> None:

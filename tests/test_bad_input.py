@@ -10,6 +10,7 @@ import pytest
 
 from lightning_rl import A2C, PPO, RolloutDataModule
 from lightning_rl.data.envs import close_vector_env, make_vector_env, reset_vector_env, step_vector_env
+from lightning_rl.data.settings import EnvSettings
 from tests.conftest import quiet_trainer, sample_once
 
 
@@ -94,7 +95,7 @@ def test_other_bad_hyperparameters(kwargs, message):
 
 def test_datamodule_with_other_env_is_rejected_before_training():
     model = PPO(env="CartPole-v1", total_env_steps=None)
-    dm = RolloutDataModule("Pendulum-v1", num_envs=2)
+    dm = RolloutDataModule(EnvSettings("Pendulum-v1", num_envs=2), rollout_fragment_length=32)
     with pytest.raises(ValueError, match="module was built for"):
         quiet_trainer(max_steps=1).fit(model, datamodule=dm)
     assert model.counters["num_iterations"] == 0

@@ -10,6 +10,7 @@ import pytorch_lightning as pl
 import torch
 
 from lightning_rl import DQN, SAC, ReplayDataModule, SampleBatch
+from lightning_rl.data.settings import EnvSettings, ReplaySettings
 from tests.conftest import fit_iterations, quiet_trainer
 
 SMALL = dict(env="CartPole-v1", seed=0, learning_starts=64, train_freq=32, num_gradient_steps=4,
@@ -84,8 +85,9 @@ def test_priority_loop_runs_inside_fit_once_per_gradient_step():
             seen.append(len(td_error))
             super().update_priorities(policy_id, batch_indexes, td_error)
 
-    dm = Spy("CartPole-v1", learning_starts=64, train_freq=32, buffer_size=1000, prioritized_replay=True, seed=0,
-             iterations_per_epoch=4)
+    dm = Spy(EnvSettings("CartPole-v1", num_envs=1, seed=0, iterations_per_epoch=4),
+             ReplaySettings(learning_starts=64, train_freq=32, buffer_size=1000, n_step=1, prioritized_replay=True),
+             gamma=0.99)
     quiet_trainer(max_epochs=1).fit(model, datamodule=dm)
     assert model.counters["num_grad_updates"] == 4 * 3  # learning starts with the 2nd iteration
     assert seen == [32] * (4 * 3)  # the td errors of each gradient step's own rows, before the next sample
@@ -184,7 +186,7 @@ def test_buffer_smaller_than_train_batch():
     with pytest.raises(ValueError, match=r"buffer_size \(100\) is smaller than train_batch_size \(256\)"):
         DQN(buffer_size=100, train_batch_size=256)
     with pytest.raises(ValueError, match=r"buffer capacity \(4\) gives 4 rows per env .* n_step=3 needs at least 5"):
-        ReplayDataModule("CartPole-v1", buffer_size=4, n_step=3)
+        ReplayDataModule(EnvSettings("CartPole-v1", num_envs=1), ReplaySettings(buffer_size=4, n_step=3), gamma=0.99)
 
 
 class FirstLearningIteration(pl.Callback):

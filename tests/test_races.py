@@ -16,6 +16,7 @@ import torch
 from lightning_rl.batch import MultiAgentBatch, SampleBatch
 from lightning_rl.data.async_gradients import A3CDataModule
 from lightning_rl.data.async_sampling import POLICY_VERSION, AsyncSamplingDataModule
+from lightning_rl.data.settings import EnvSettings, LearnerQueue, SamplerWorkers
 from lightning_rl.data.workers import PoolSpec
 from lightning_rl.data.workers.processes import ProcessPool
 
@@ -100,7 +101,8 @@ def test_a3c_release_and_a_worker_restart_never_hand_the_new_worker_a_slot_twice
     """The learner hands slot 0 back to worker 0 (incarnation 0) while the loader thread finds
     worker 0 dead and restarts it, handing the new worker every slot it owns: the learner is
     stopped right after its incarnation check, and the restart runs then."""
-    dm = A3CDataModule("CartPole-v1", num_workers=1, num_envs=1, restart_failed_workers=True)
+    dm = A3CDataModule(EnvSettings("CartPole-v1", num_envs=1), 5, gamma=0.99, lambda_=1.0, vf_loss_coeff=0.5,
+                       entropy_coeff=0.0, workers=SamplerWorkers(num_workers=1, restart_failed_workers=True))
     old_send, old_recv = FakeEnd(), FakeEnd()
     pool = fake_pool(dm, [FakeProcess(exitcode=-9)], [(old_send, old_recv)])  # killed
     pool.restarts = PausingList([0], threading.current_thread(), pool.check)
@@ -148,8 +150,8 @@ def test_fragments_dropped_by_both_threads_are_all_counted():
     """The loader thread drops a fragment too old on arrival while the learner drops a batch that
     aged in the ready queue: the learner is stopped between reading and writing the counter, and
     the loader drops its fragment then."""
-    dm = AsyncSamplingDataModule("CartPole-v1", num_workers=1, num_envs=1, rollout_fragment_length=2,
-                                 train_batch_size=4, max_policy_lag=0)
+    dm = AsyncSamplingDataModule(EnvSettings("CartPole-v1", num_envs=1), rollout_fragment_length=2, train_batch_size=4,
+                                 workers=SamplerWorkers(num_workers=1), learner_queue=LearnerQueue(max_policy_lag=0))
     assert dm.fragments_per_batch == 2
     dm.module = SimpleNamespace(counters={"num_iterations": 10}, device=torch.device("cpu"))
     receiver, sender = multiprocessing.Pipe(duplex=False)  # worker 0's fragments

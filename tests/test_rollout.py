@@ -9,12 +9,13 @@ import torch
 
 from lightning_rl import PPO, MultiAgentBatch, RolloutDataModule, SampleBatch
 from lightning_rl.data.rollout import rank_seed
+from lightning_rl.data.settings import EnvSettings
 from tests.conftest import fit_iterations, quiet_trainer
 from tests.test_truncation import time_limited
 
 
-def connected(model, env="CartPole-v1", **kwargs) -> RolloutDataModule:
-    dm = RolloutDataModule(env, **{"num_envs": 4, "rollout_fragment_length": 8, "seed": 0, **kwargs})
+def connected(model, env="CartPole-v1", rollout_fragment_length=8, **kwargs) -> RolloutDataModule:
+    dm = RolloutDataModule(EnvSettings(env, **{"num_envs": 4, "seed": 0, **kwargs}), rollout_fragment_length)
     dm.connect(model)
     dm.setup("fit")
     return dm
@@ -150,7 +151,7 @@ def test_total_env_steps_stops_fit():
 def test_explicit_datamodule_is_used():
     model = PPO(env="CartPole-v1", num_envs=2, rollout_fragment_length=16, sgd_minibatch_size=16, seed=0,
                 total_env_steps=None)
-    dm = RolloutDataModule("CartPole-v1", num_envs=3, rollout_fragment_length=4, iterations_per_epoch=2)
+    dm = RolloutDataModule(EnvSettings("CartPole-v1", num_envs=3, iterations_per_epoch=2), rollout_fragment_length=4)
     quiet_trainer(max_epochs=1).fit(model, datamodule=dm)
     assert model.counters["num_env_steps_sampled"] == 2 * 12
 

@@ -32,6 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lightning_rl import PPO
 from lightning_rl.data.rollout import RolloutDataModule
+from lightning_rl.data.settings import EnvSettings
 from lightning_rl.distributed import check_strategy
 from tests.conftest import ddp_subprocess_env, quiet_trainer
 
@@ -126,7 +127,7 @@ def test_a_datamodule_made_without_seed_takes_lightnings_seed(lightning_seed_env
     pl.seed_everything(3)
     observations = []
     for seed in (None, 3):
-        dm = RolloutDataModule("CartPole-v1", num_envs=2, rollout_fragment_length=8, seed=seed)
+        dm = RolloutDataModule(EnvSettings("CartPole-v1", num_envs=2, seed=seed), rollout_fragment_length=8)
         dm.connect(tiny_ppo(seed=0))
         dm.setup("fit")
         try:

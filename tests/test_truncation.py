@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from lightning_rl import A2C, PPO, RolloutDataModule
+from lightning_rl.data.settings import EnvSettings
 from tests.conftest import fit_iterations
 
 
@@ -72,7 +73,7 @@ def test_termination_does_not_bootstrap():
 def test_reset_rows_are_not_trained_on():
     """With a 5-step limit, every 6th env step is an autoreset step and is dropped."""
     model = A2C(env=time_limited, num_envs=2, rollout_fragment_length=12, seed=0, total_env_steps=None)
-    dm = RolloutDataModule(time_limited, num_envs=2, rollout_fragment_length=12, seed=0)
+    dm = RolloutDataModule(EnvSettings(time_limited, num_envs=2, seed=0), rollout_fragment_length=12)
     dm.connect(model)
     dm.setup("fit")
     batch = model.postprocess(dm.sample()).policy_batches["default_policy"]

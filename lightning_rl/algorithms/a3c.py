@@ -15,7 +15,7 @@ from lightning_rl.data.async_gradients import GRADS, A3CDataModule
 from lightning_rl.learner_info import LEARNER_STATS_KEY, LearnerInfoBuilder
 from lightning_rl.nn.models import ActorCritic
 from lightning_rl.policies import PolicyMapping
-from lightning_rl.settings import one_of, setting, settings
+from lightning_rl.settings import group_of, one_of, setting, settings
 from lightning_rl.update import NonFiniteLossError
 
 
@@ -65,11 +65,8 @@ class A3C(ActorCriticSettings, SamplerWorkers, Algorithm):
     def __post_init__(self) -> None:
         super().__post_init__()
         self.default_datamodule = A3CDataModule(
-            self.env_spec, num_envs=self.num_envs, rollout_fragment_length=self.rollout_fragment_length,
-            gamma=self.gamma, lambda_=self.lambda_, vf_loss_coeff=self.vf_loss_coeff,
-            entropy_coeff=self.entropy_coeff, vectorization=self.vectorization, seed=self.seed,
-            iterations_per_epoch=self.iterations_per_epoch, check_finite=self.check_finite,
-            **self.worker_settings(),
+            self.env_settings(), self.rollout_fragment_length, gamma=self.gamma, lambda_=self.lambda_,
+            vf_loss_coeff=self.vf_loss_coeff, entropy_coeff=self.entropy_coeff, workers=group_of(SamplerWorkers, self),
         )
         with torch.random.fork_rng():
             if self.seed is not None:

@@ -7,11 +7,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from lightning_rl.algorithms.common import LearnerQueue, SamplerWorkers
+from lightning_rl.algorithms.common import LearnerQueue, ReplaySettings, SamplerWorkers
 from lightning_rl.algorithms.dqn import DQN
 from lightning_rl.data.async_replay import ApexDataModule
 from lightning_rl.policies import PolicyMapping
-from lightning_rl.settings import Schedule, positive, setting, settings
+from lightning_rl.settings import Schedule, group_of, positive, setting, settings
 
 
 @settings
@@ -73,14 +73,10 @@ class APEX(SamplerWorkers, LearnerQueue, DQN):
         super().__post_init__()
         num_gradient_steps = self.num_gradient_steps
         self.default_datamodule = ApexDataModule(
-            self.env_spec, num_envs=self.num_envs, rollout_fragment_length=self.rollout_fragment_length,
-            buffer_size=self.buffer_size, learning_starts=self.learning_starts,
-            n_step=self.n_step, gamma=self.gamma, prioritized_replay_alpha=self.prioritized_replay_alpha,
-            prioritized_replay_eps=self.prioritized_replay_eps, epsilon=self.epsilon,
-            epsilon_alpha=self.epsilon_alpha, vectorization=self.vectorization, seed=self.seed,
-            iterations_per_epoch=self.iterations_per_epoch, check_finite=self.check_finite,
-            checkpoint_replay_buffer=self.checkpoint_replay_buffer, replay_frame_stack=self.replay_frame_stack,
-            **self.worker_settings(), **self.queue_settings(),
+            self.env_settings(), group_of(ReplaySettings, self), gamma=self.gamma,
+            rollout_fragment_length=self.rollout_fragment_length, epsilon=self.epsilon,
+            epsilon_alpha=self.epsilon_alpha, workers=group_of(SamplerWorkers, self),
+            learner_queue=group_of(LearnerQueue, self),
         )
         training_intensity = self.training_intensity
         if training_intensity is not None and num_gradient_steps is not None:

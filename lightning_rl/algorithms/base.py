@@ -29,17 +29,11 @@ from lightning_rl.algorithms.common import (
     OptimizationSettings,
     RunSettings,
 )
+from lightning_rl.algorithms.state import algorithm_state, restore_algorithm_state
 from lightning_rl.batch import MultiAgentBatch
 from lightning_rl.callbacks.trainer_wiring import TrainerWiring
-from lightning_rl.checkpoint import (
-    algorithm_state,
-    check_not_placeholder,
-    class_path,
-    loading_class,
-    multi_agent_algorithms,
-    register_algorithm,
-    restore_algorithm_state,
-)
+from lightning_rl.checkpoint import class_path, loading_class, multi_agent_algorithms, register_algorithm
+from lightning_rl.checkpoint_data import check_not_placeholder
 from lightning_rl.counters import count_iteration, new_counters, summed_over_ranks
 from lightning_rl.data.base import EnvDataModule, IterationStream, lightning_seed, new_generator, rank_seed
 from lightning_rl.data.envs import env_spec
@@ -53,6 +47,7 @@ from lightning_rl.policies import Policies
 from lightning_rl.process import ProcessSettings
 from lightning_rl.settings import (
     check_settings,
+    group_of,
     hyperparameters,
     no_caller,
     received_settings,
@@ -176,6 +171,11 @@ class Algorithm(MultiAgentSettings, NetworkSettings, OptimizationSettings, RunSe
     def build_policies(self, make: Callable[..., nn.Module], **defaults: Any) -> None:
         """``Policies.build``: one ``make(observation_space, action_space, **settings)`` per policy."""
         self.policies.build(make, self.seed, type(self).__name__, **defaults)
+
+    def env_settings(self) -> EnvSettings:
+        """This algorithm's env settings, as its DataModule takes them: the env as one spec
+        (``env_spec``, its keyword arguments folded in)."""
+        return group_of(EnvSettings, self, env=self.env_spec, env_kwargs=None)
 
     def check_spaces(self, observation_space: gym.Space, action_space: gym.Space) -> None:
         """Raise if a DataModule's envs do not match the spaces the policies were built for."""

@@ -1,40 +1,23 @@
 """Groups of settings, each declared once: dataclass mixins of fields (``settings.settings``).
-``Algorithm`` takes the first five (every algorithm's settings, with PPO's defaults); an
-algorithm takes the others by inheriting them. Its signature, its hyperparameters and
-``--model.help`` show the groups' settings with the algorithm's own."""
+``Algorithm`` takes ``EnvSettings`` and the first four here (every algorithm's settings, with
+PPO's defaults); an algorithm takes the others by inheriting them. The groups the data layer
+reads (``EnvSettings``, ``ReplaySettings``, ``SamplerWorkers``, ``LearnerQueue``) are declared
+in ``data/settings.py`` and offered here too. An algorithm's signature, its hyperparameters
+and ``--model.help`` show the groups' settings with the algorithm's own."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
-from lightning_rl.data.envs import EnvSpec
+from lightning_rl.data.settings import EnvSettings, LearnerQueue, ReplaySettings, SamplerWorkers
 from lightning_rl.evaluation import DEFAULT_MAX_EPISODE_STEPS
 from lightning_rl.nn.encoders import Activation, EncoderSpec
 from lightning_rl.policies import PolicyMapping
-from lightning_rl.settings import Schedule, at_least, interval, positive, setting, settings
+from lightning_rl.settings import Schedule, interval, positive, setting, settings
 
-
-@settings
-class EnvSettings:
-    """The envs, how many steps a run samples and how they are seeded and stepped (every
-    algorithm)."""
-
-    env: EnvSpec = setting(default="CartPole-v1", kw_only=False)
-    """gymnasium id (``"module:Id"`` imports ``module`` first) or a callable returning an Env or a PettingZoo env."""
-    env_kwargs: dict[str, Any] | None = None
-    """keyword arguments for every env made (training, evaluation, ``record``), kept in checkpoints."""
-    num_envs: int = 8
-    """envs stepped in parallel (per process under DDP)."""
-    total_env_steps: int | None = setting(default=100_000, check=at_least(1, or_none=True), resumable=True)
-    """stop ``fit`` once this many env steps were sampled (over DDP ranks); ``None``: Trainer limits."""
-    iterations_per_epoch: int = setting(default=10, resumable=True)
-    """training iterations per Lightning epoch: the cadence of checkpoints and validation."""
-    seed: int | None = None
-    """seeds network init, sampling, shuffling and envs (``seed + 1000 * rank``); ``None``: random."""
-    vectorization: str = "auto"
-    """``auto`` (the env's own vector env, if any), ``sync``, ``async``, ``vector_entry_point`` or ``envpool``
-    (envpool's C++ envs for the ids it provides: ALE, classic control, MuJoCo)."""
+__all__ = ["ActorCriticSettings", "EnvSettings", "LearnerQueue", "MultiAgentSettings", "NetworkSettings",
+           "OptimizationSettings", "RecurrentSettings", "ReplaySettings", "RunSettings", "SamplerWorkers"]
 
 
 @settings
@@ -54,8 +37,6 @@ class RunSettings:
     evaluation_max_episode_steps: int = setting(default=DEFAULT_MAX_EPISODE_STEPS, check=positive, resumable=True)
     """steps after which an evaluation, test or ``record`` episode is cut (its return so far counted, with a
     warning naming the env) when the env sets no time limit of its own."""
-    check_finite: bool = setting(default=True, resumable=True)
-    """raise on a NaN or infinite reward or observation, naming the field, the env and its step."""
     compile: bool = setting(default=False, resumable=True)  # type: ignore[assignment]  # nn.Module.compile
     """run each update step as compiled graphs (same results up to rounding; else eager, with a warning)."""
 
@@ -151,49 +132,3 @@ class RecurrentSettings:
         """What ``RecurrentActorCritic`` takes beside ``ActorCritic``'s settings (none without ``use_lstm``)."""
         return dict(lstm_cell_size=self.lstm_cell_size, lstm_use_prev_action=self.lstm_use_prev_action,
                     lstm_use_prev_reward=self.lstm_use_prev_reward) if self.use_lstm else {}
-
-
-@settings
-class SamplerWorkers:
-    """Sampler workers beside the learner (IMPALA, APPO, APEX, A3C): child processes, or Ray
-    actors on any node of a Ray cluster (``data/workers/``)."""
-
-    num_workers: int = 2
-    """sampler workers (per rank under DDP); 0 samples in the learner process."""
-    sampler_timeout_s: float = setting(default=60.0, resumable=True)
-    """seconds the learner waits for data (or a Ray actor's placement) before it raises."""
-    restart_failed_workers: bool = setting(default=False, resumable=True)
-    """restart a worker that died (with a new seed) instead of raising."""
-    sampler_backend: str = setting(default="processes", resumable=True)
-    """``processes`` (children of the learner, shared memory) or ``ray`` (Ray actors, any node)."""
-    ray_address: str | None = setting(default=None, resumable=True)
-    """the Ray cluster the workers join (else ``RAY_ADDRESS``, else a local Ray for the run)."""
-    num_cpus_per_worker: float | None = setting(default=None, resumable=True)
-    """CPUs each Ray actor asks for (``sampler_backend='ray'``; ``None``: 1)."""
-    custom_resources_per_worker: dict[str, float] | None = setting(default=None, resumable=True)
-    """custom Ray resources each actor asks for, e.g. ``{'cpu_node': 1}`` (pins workers)."""
-
-    def worker_settings(self) -> dict[str, Any]:
-        """The sampler workers' settings, as the worker DataModules take them."""
-        return dict(num_workers=self.num_workers, sampler_timeout_s=self.sampler_timeout_s,
-                    restart_failed_workers=self.restart_failed_workers, sampler_backend=self.sampler_backend,
-                    ray_address=self.ray_address, num_cpus_per_worker=self.num_cpus_per_worker,
-                    custom_resources_per_worker=self.custom_resources_per_worker)
-
-
-@settings
-class LearnerQueue:
-    """The queue of worker fragments before the learner and the weights sent back (IMPALA,
-    APPO, APEX)."""
-
-    learner_queue_size: int = 16
-    """fragments that may wait for the learner."""
-    broadcast_interval: int = 1
-    """training iterations between weight broadcasts to the workers."""
-    max_policy_lag: int | None = None
-    """drop (and count) fragments sampled over this many iterations before training (``None``: keep)."""
-
-    def queue_settings(self) -> dict[str, Any]:
-        """The learner queue's settings, as the worker DataModules take them."""
-        return dict(learner_queue_size=self.learner_queue_size, broadcast_interval=self.broadcast_interval,
-                    max_policy_lag=self.max_policy_lag)

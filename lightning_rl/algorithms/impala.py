@@ -24,7 +24,7 @@ from lightning_rl.functional import explained_variance, masked_mean, vtrace
 from lightning_rl.learner_info import LEARNER_STATS_KEY, LearnerInfoBuilder
 from lightning_rl.nn.models import ActorCritic
 from lightning_rl.nn.recurrent import RecurrentActorCritic
-from lightning_rl.settings import Schedule, positive, setting, settings
+from lightning_rl.settings import Schedule, group_of, positive, setting, settings
 from lightning_rl.update import call, policy_loss
 
 
@@ -79,10 +79,9 @@ class IMPALA(ActorCriticSettings, RecurrentSettings, SamplerWorkers, LearnerQueu
         super().__post_init__()
         T = self.rollout_fragment_length
         self.default_datamodule = AsyncSamplingDataModule(
-            self.env_spec, num_envs=self.num_envs, rollout_fragment_length=T, train_batch_size=self.train_batch_size,
-            num_sgd_iter=self.num_sgd_iter, minibatch_buffer_size=self.minibatch_buffer_size,
-            vectorization=self.vectorization, seed=self.seed, iterations_per_epoch=self.iterations_per_epoch,
-            check_finite=self.check_finite, **self.worker_settings(), **self.queue_settings(),
+            self.env_settings(), T, self.train_batch_size, group_of(SamplerWorkers, self),
+            group_of(LearnerQueue, self), num_sgd_iter=self.num_sgd_iter,
+            minibatch_buffer_size=self.minibatch_buffer_size,
             **(dict(policy_mapping_fn=self.policy_mapping_fn, policy_agents=self.policy_agents,
                     policy_spaces=self.policy_spaces) if self.multi_agent else {}),
         )

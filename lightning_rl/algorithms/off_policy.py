@@ -12,13 +12,14 @@ from lightning_rl.batch import MultiAgentBatch, SampleBatch
 from lightning_rl.data.envs.spaces import valid_point
 from lightning_rl.data.multi_agent_replay import MultiAgentReplayDataModule
 from lightning_rl.data.replay import ReplayDataModule
+from lightning_rl.data.settings import ReplaySettings
 from lightning_rl.distributed import all_reduce_max
 from lightning_rl.learner_info import LEARNER_STATS_KEY, LearnerInfoBuilder
-from lightning_rl.settings import at_least, interval, positive, setting, settings
+from lightning_rl.settings import at_least, group_of, interval, positive, setting, settings
 
 
 @settings
-class OffPolicyModule(Algorithm):
+class OffPolicyModule(ReplaySettings, Algorithm):
     """Learner on replay. Each iteration, ``num_gradient_steps`` times (the reference's order):
 
     1. sample ``train_batch_size`` transitions from the replay (prioritized: with importance
@@ -35,35 +36,16 @@ class OffPolicyModule(Algorithm):
 
     sampling_device: str = "cpu"
     """device the policy acts on while sampling (the CPU beats a GPU round trip for small MLPs)."""
-    buffer_size: int = 100_000
-    """replay capacity in transitions (per process)."""
-    learning_starts: int = 1000
-    """env steps (per process) of uniform random actions before learning starts."""
-    train_freq: int = 64
-    """env steps per env sampled into the replay per iteration."""
     num_gradient_steps: int = setting(default=64, check=positive)
     """gradient steps per iteration (with ``train_freq``: the replay ratio)."""
     train_batch_size: int = setting(default=64, check=positive)
     """replayed rows per gradient step."""
-    n_step: int = 3
-    """steps summed into each target (truncation ends the window but still bootstraps)."""
     target_network_update_freq: int = setting(default=1000, check=at_least(0))
     """global env steps between target updates (0: after every gradient step)."""
     tau: float = setting(default=1.0, check=interval("(0, 1]"))
     """target update ``target <- (1 - tau) * target + tau * online`` (1: a hard copy)."""
-    prioritized_replay: bool = False
-    """proportional prioritized replay (a sum tree) with importance weights."""
-    prioritized_replay_alpha: float = 0.6
-    """priority exponent (0: uniform replay)."""
     prioritized_replay_beta: float = setting(default=0.4, check=interval("[0, 1]"))
     """importance-weight exponent at the start, annealed to 1 over ``total_env_steps``."""
-    prioritized_replay_eps: float = 1e-6
-    """added to each ``|td_error|`` so that no priority is 0."""
-    checkpoint_replay_buffer: bool | str = "auto"
-    """keep the replay buffer in checkpoints (exact resume); ``auto``: if it takes <= 1 GiB."""
-    replay_frame_stack: bool | str = "auto"
-    """store stacked frames once (per step; APEX: per worker packet): ``auto`` for uint8 (K, H, W) frames of a
-    K-frame-stack env."""
     iterations_per_step: int = setting(default=1, check=positive, resumable=True)
     """training iterations (sampling, then update) run back to back in one Lightning training step, which pays
     Lightning's per-step loop once for all: the same results, a little faster (SAC at 10: about 3%, its update
@@ -77,23 +59,14 @@ class OffPolicyModule(Algorithm):
         # Importance exponent annealed to 1 over the budget (constant without one).
         budget = self.total_env_steps
         self.beta_points = None if budget is None else [(0.0, self.prioritized_replay_beta), (float(budget), 1.0)]
-        replay = dict(num_envs=self.num_envs, buffer_size=self.buffer_size, learning_starts=self.learning_starts,
-                      train_freq=self.train_freq, n_step=self.n_step, gamma=self.gamma,
-                      prioritized_replay=self.prioritized_replay,
-                      prioritized_replay_alpha=self.prioritized_replay_alpha,
-                      prioritized_replay_eps=self.prioritized_replay_eps, seed=self.seed,
-                      iterations_per_epoch=self.iterations_per_epoch, sampling_device=self.sampling_device,
-                      checkpoint_replay_buffer=self.checkpoint_replay_buffer)
+        replay = group_of(ReplaySettings, self)
         if self.multi_agent:
-            if self.replay_frame_stack is True:
-                raise ValueError("replay_frame_stack=True: a multi-agent replay stores whole transitions")
-            self.default_datamodule = MultiAgentReplayDataModule(self.env_spec, self.policy_mapping_fn,
-                                                                 self.policy_spaces, check_finite=self.check_finite,
-                                                                 **replay)
+            self.default_datamodule = MultiAgentReplayDataModule(self.env_settings(), self.policy_mapping_fn,
+                                                                 self.policy_spaces, replay, gamma=self.gamma,
+                                                                 sampling_device=self.sampling_device)
         else:
-            self.default_datamodule = ReplayDataModule(self.env_spec, vectorization=self.vectorization,
-                                                       check_finite=self.check_finite,
-                                                       replay_frame_stack=self.replay_frame_stack, **replay)
+            self.default_datamodule = ReplayDataModule(self.env_settings(), replay, gamma=self.gamma,
+                                                       sampling_device=self.sampling_device)
         self.iterations_per_step = int(self.iterations_per_step)
         self.default_datamodule.requested_iterations_per_step = self.iterations_per_step
         self._last_target_update = 0

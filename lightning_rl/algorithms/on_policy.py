@@ -99,13 +99,12 @@ class OnPolicyModule(ActorCriticSettings, RecurrentSettings, Algorithm):
                              "(normalize_observations is)")
         if self.multi_agent:
             self.default_datamodule = MultiAgentRolloutDataModule(
-                self.env_spec, self.policy_mapping_fn, self.num_envs, self.rollout_fragment_length, self.seed,
-                self.iterations_per_epoch, self.sampling_device, self.count_steps_by, check_finite=self.check_finite,
+                self.env_settings(), self.policy_mapping_fn, self.rollout_fragment_length, self.count_steps_by,
+                self.sampling_device,
             )
         else:
             self.default_datamodule = RolloutDataModule(
-                self.env_spec, self.num_envs, self.rollout_fragment_length, self.vectorization, self.seed,
-                self.iterations_per_epoch, self.sampling_device, self.check_finite,
+                self.env_settings(), self.rollout_fragment_length, self.sampling_device,
                 return_discount=self.gamma if self.normalize_rewards else None,
             )
         self.iterations_per_step = int(self.iterations_per_step)

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from lightning_rl.algorithms.off_policy import OffPolicyModule
 from lightning_rl.batch import DEFAULT_POLICY_ID, SampleBatch
-from lightning_rl.checkpoint import pack_rank_states, unpack_rank_state
+from lightning_rl.checkpoint_data import pack_rank_states, unpack_rank_state
 from lightning_rl.data.envs import EnvSpec
 from lightning_rl.functional import clipped_double_q_target, smoothed_target_actions, soft_update_
 from lightning_rl.nn.encoders import Activation

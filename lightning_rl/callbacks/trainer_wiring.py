@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from weakref import WeakKeyDictionary
 
 import pytorch_lightning as pl
@@ -24,7 +24,28 @@ from lightning_rl.data.base import EnvDataModule
 from lightning_rl.distributed import check_launcher, check_strategy
 
 if TYPE_CHECKING:
-    from lightning_rl.algorithms.base import Algorithm
+    import torch
+
+    from lightning_rl.process import ProcessSettings
+
+
+class Wired(Protocol):
+    """What the wiring reads of the algorithm it attaches to a Trainer (every ``Algorithm`` is one;
+    named here so that this module imports no algorithm, not even for type hints)."""
+
+    device: torch.device
+    total_env_steps: int | None
+    evaluation_interval: int | None
+    global_counters: dict[str, int]
+    budget_counter: str
+    process_settings: ProcessSettings
+    resume_command: list[str] | None
+    validates_in_fit: bool
+
+    @property
+    def active_datamodule(self) -> pl.LightningDataModule | None: ...
+
+    def budget_spent(self) -> bool: ...
 
 
 # Lightning's advertisements, logged (at INFO) by every Trainer: the packages they name are not
@@ -68,7 +89,7 @@ class TrainerWiring(pl.Callback):
         self._env_step_loggers: list[tuple[Logger, Any]] = []
 
     @staticmethod
-    def attached(module: Algorithm, trainer: pl.Trainer) -> None:
+    def attached(module: Wired, trainer: pl.Trainer) -> None:
         """``module`` is being attached to ``trainer`` (``trainer.fit``/``validate``/``test``, before
         Lightning reads its loop limits). With an env-step budget the budget is the limit: no
         epoch limit, where Lightning would set 1000 with a warning to set ``max_epochs`` (an
@@ -86,7 +107,7 @@ class TrainerWiring(pl.Callback):
             trainer.fit_loop.max_epochs = -1
 
     @staticmethod
-    def callbacks(module: Algorithm, trainer: pl.Trainer | None) -> list[pl.Callback]:
+    def callbacks(module: Wired, trainer: pl.Trainer | None) -> list[pl.Callback]:
         """The callbacks to add to ``trainer`` for ``module`` (those it already has left out).
 
         Also, on ``trainer``: the fit flags the algorithms cannot honour are refused
@@ -116,19 +137,19 @@ class TrainerWiring(pl.Callback):
                 trainer.callbacks[i] = EnvStepProgressBar.like(cb)
         return added
 
-    def setup(self, trainer: pl.Trainer, pl_module: Algorithm, stage: str) -> None:
+    def setup(self, trainer: pl.Trainer, pl_module: Wired, stage: str) -> None:
         self._env_step_loggers = log_at_env_steps(trainer.loggers, pl_module)
 
-    def teardown(self, trainer: pl.Trainer, pl_module: Algorithm, stage: str) -> None:
+    def teardown(self, trainer: pl.Trainer, pl_module: Wired, stage: str) -> None:
         restore_loggers(self._env_step_loggers)
         self._env_step_loggers = []
 
-    def on_fit_start(self, trainer: pl.Trainer, pl_module: Algorithm) -> None:
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: Wired) -> None:
         pl_module.process_settings.apply(trainer.local_rank, trainer.num_devices, pl_module.device.type == "cpu")
         check_strategy(trainer)
         check_precision(trainer)
 
-    def on_train_start(self, trainer: pl.Trainer, pl_module: Algorithm) -> None:
+    def on_train_start(self, trainer: pl.Trainer, pl_module: Wired) -> None:
         self._stops_before = {id(cb): _stop_reason(cb) for cb in trainer.callbacks}
         # Resuming a run whose budget is spent trains nothing (Lightning would start another epoch).
         if pl_module.budget_spent():
@@ -138,7 +159,7 @@ class TrainerWiring(pl.Callback):
             )
             trainer.should_stop = True
 
-    def on_train_end(self, trainer: pl.Trainer, pl_module: Algorithm) -> None:
+    def on_train_end(self, trainer: pl.Trainer, pl_module: Wired) -> None:
         # A callback (EarlyStopping) ended the run before its budget: say which, and why.
         if not trainer.should_stop or pl_module.budget_spent():
             return
@@ -153,7 +174,7 @@ class TrainerWiring(pl.Callback):
         of = f" of total_env_steps={pl_module.total_env_steps:,}" if pl_module.total_env_steps else ""
         rank_zero_info(f"{type(pl_module).__name__} stopped early, at {steps:,} env steps{of}: {why}")
 
-    def on_fit_end(self, trainer: pl.Trainer, pl_module: Algorithm) -> None:
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: Wired) -> None:
         pl_module.process_settings.restore()
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
@@ -176,7 +197,7 @@ def _stop_reason(callback: pl.Callback) -> str | None:
     return reason.removesuffix(" Signaling Trainer to stop.").strip() if isinstance(reason, str) else None
 
 
-def check_fit_flags(module: Algorithm, trainer: pl.Trainer) -> None:
+def check_fit_flags(module: Wired, trainer: pl.Trainer) -> None:
     """Refuses ``fit`` with a Trainer flag the algorithms cannot honour, in one line saying what
     to use instead, before anything runs (``check_precision`` follows at ``on_fit_start``)."""
     if trainer.state.fn != TrainerFn.FITTING:
@@ -212,7 +233,7 @@ def check_fit_flags(module: Algorithm, trainer: pl.Trainer) -> None:
 _CADENCE_SET: WeakKeyDictionary[pl.Trainer, int] = WeakKeyDictionary()
 
 
-def validation_cadence(module: Algorithm, trainer: pl.Trainer) -> bool:
+def validation_cadence(module: Wired, trainer: pl.Trainer) -> bool:
     """Sets when ``fit`` validates; returns whether it does. The Trainer's flags win where they
     are set (``check_val_every_n_epoch`` other than its default 1, ``val_check_interval`` other
     than 1.0): they validate without ``evaluation_interval``, and an ``evaluation_interval`` they
@@ -231,7 +252,7 @@ def validation_cadence(module: Algorithm, trainer: pl.Trainer) -> bool:
     return interval is not None or interval_given
 
 
-def log_at_env_steps(loggers: list[Logger], module: Algorithm) -> list[tuple[Logger, Any]]:
+def log_at_env_steps(loggers: list[Logger], module: Wired) -> list[tuple[Logger, Any]]:
     """Makes ``loggers`` write every metric at the module's global env steps: the x axis of the
     module's own metrics (which log it as ``step``), now also that of what a callback such as
     ``LearningRateMonitor`` or ``DeviceStatsMonitor`` hands a logger at Lightning's batch count.

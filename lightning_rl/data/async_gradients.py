@@ -18,9 +18,11 @@ from torch import nn
 
 from lightning_rl.batch import MultiAgentBatch, SampleBatch
 from lightning_rl.data.async_sampling import POLICY_VERSION, AsyncSamplingDataModule
+from lightning_rl.data.base import env_settings
 from lightning_rl.data.envs.make import EnvSpec
 from lightning_rl.data.rollout import RolloutDataModule
 from lightning_rl.data.samplers.engine import eval_mode, train_mode
+from lightning_rl.data.settings import EnvSettings, LearnerQueue, SamplerWorkers
 from lightning_rl.data.workers import Fragment
 from lightning_rl.data.workers.task import FragmentTask
 from lightning_rl.functional import a2c_loss, gae_batch
@@ -83,30 +85,30 @@ class A3CDataModule(AsyncSamplingDataModule):
     their next gradient with weights that hold their own last update.
 
     Args:
+        env: the env settings, as ``EnvDataModule`` takes them (``num_envs`` per worker).
+        rollout_fragment_length: env steps per env of one fragment; one fragment per packet.
         gamma, lambda_, vf_loss_coeff, entropy_coeff: the workers' loss (``GradientTask``).
-        sampling: ``AsyncSamplingDataModule``'s other settings (``seed``, ``sampler_timeout_s``...); one fragment
-            per packet.
+        workers: as ``AsyncSamplingDataModule`` takes them; the learner queue holds one packet
+            per worker.
     """
 
     hold_slots = True
 
     def __init__(
         self,
-        env: EnvSpec,
+        env: EnvSettings | EnvSpec,
+        rollout_fragment_length: int,
         *,
-        num_workers: int = 2,
-        num_envs: int = 8,
-        rollout_fragment_length: int = 5,
-        gamma: float = 0.99,
-        lambda_: float = 1.0,
-        vf_loss_coeff: float = 0.5,
-        entropy_coeff: float = 0.0,
-        **sampling: Any,
+        gamma: float,
+        lambda_: float,
+        vf_loss_coeff: float,
+        entropy_coeff: float,
+        workers: SamplerWorkers | None = None,
     ) -> None:
-        super().__init__(
-            env, num_workers=num_workers, num_envs=num_envs, rollout_fragment_length=rollout_fragment_length,
-            train_batch_size=num_envs * rollout_fragment_length, learner_queue_size=max(num_workers, 1), **sampling,
-        )
+        settings, workers = env_settings(env), SamplerWorkers() if workers is None else workers
+        num_workers = workers.num_workers
+        super().__init__(settings, rollout_fragment_length, settings.num_envs * rollout_fragment_length, workers,
+                         LearnerQueue(learner_queue_size=max(num_workers, 1)))
         self.gradient_task = GradientTask(gamma, lambda_, vf_loss_coeff, entropy_coeff)
         self._ready = queue.Queue(maxsize=max(num_workers, 1))  # at most one packet per worker is in flight
         self._applied: list[tuple[int, tuple[int, int]]] = []  # (worker, (slot, incarnation)) of packets handed out

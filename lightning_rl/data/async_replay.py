@@ -19,9 +19,9 @@ from pytorch_lightning.trainer.states import TrainerStatus
 from torch import nn
 
 from lightning_rl.batch import MultiAgentBatch, SampleBatch
-from lightning_rl.checkpoint import pack_rank_states, unpack_rank_state
+from lightning_rl.checkpoint_data import pack_rank_states, unpack_rank_state
 from lightning_rl.data.async_sampling import POLICY_VERSION, AsyncSamplingDataModule
-from lightning_rl.data.base import rank_seed
+from lightning_rl.data.base import env_settings, rank_seed
 from lightning_rl.data.buffers.frames import check_frame_stack_setting, frame_stack_problem, use_frame_storage
 from lightning_rl.data.buffers.packed_frames import (
     FRAMES,
@@ -39,9 +39,11 @@ from lightning_rl.data.buffers.transitions import NStepWindows, TransitionReplay
 from lightning_rl.data.envs.make import EnvSpec
 from lightning_rl.data.envs.vector import make_vector_env
 from lightning_rl.data.rollout import RolloutDataModule
+from lightning_rl.data.settings import EnvSettings, LearnerQueue, ReplaySettings, SamplerWorkers
 from lightning_rl.data.workers import Fragment
 from lightning_rl.data.workers.task import FragmentTask
 from lightning_rl.functional import double_q_target
+from lightning_rl.settings import check_group
 
 __all__ = ["ApexDataModule", "NStepPriorityTask", "worker_epsilons"]
 
@@ -127,58 +129,55 @@ class ApexDataModule(AsyncSamplingDataModule):
     exact and the gradient steps the same on every DDP rank.
 
     Args:
-        buffer_size: transitions held (per process under DDP).
-        learning_starts: env steps inserted before learning starts.
-        n_step, gamma: the n-step returns the workers compute.
-        prioritized_replay_alpha, prioritized_replay_eps: proportional prioritization.
+        env: the env settings, as ``EnvDataModule`` takes them (``num_envs`` per worker).
+        replay: the replay settings (``data/settings.ReplaySettings``): ``buffer_size``
+            transitions (per process under DDP), ``learning_starts`` env steps inserted before
+            learning, the workers' ``n_step`` returns, proportional prioritization's ``alpha`` and
+            ``eps`` (the replay is always prioritized; ``train_freq`` is not read),
+            ``checkpoint_replay_buffer`` (``"auto"``: when it takes at most 1 GiB,
+            ``keeps_replay``) and ``replay_frame_stack`` (the workers ship each packet's distinct
+            frames once and the replay stores them once, ``PackedFrameReplayBuffer``: ``"auto"`` for
+            a uint8 ``(K, H, W)`` space whose env declares a ``K``-frame stack,
+            ``frames.use_frame_storage``; ``frame_stack`` is what was decided).
+        gamma: the discount of the workers' n-step returns.
+        rollout_fragment_length: env steps per env of one worker fragment.
         epsilon, epsilon_alpha: the workers' epsilons (``worker_epsilons``); the learner
             process samples with worker 0's when ``num_workers=0``.
-        checkpoint_replay_buffer: keep the replay in checkpoints (``"auto"``: when it takes at most
-            1 GiB, ``keeps_replay``).
-        replay_frame_stack: the workers ship each packet's distinct frames once and the replay stores
-            them once (``PackedFrameReplayBuffer``): ``"auto"`` for a uint8 ``(K, H, W)`` space whose env
-            declares a ``K``-frame stack (``frames.use_frame_storage``); ``frame_stack`` is what was decided.
-        sampling: ``AsyncSamplingDataModule``'s other settings (``learner_queue_size``, ``seed``...).
+        workers, learner_queue: as ``AsyncSamplingDataModule`` takes them.
     """
 
     prioritized_replay = True  # the learner's replay loop updates priorities
 
     def __init__(
         self,
-        env: EnvSpec,
+        env: EnvSettings | EnvSpec,
+        replay: ReplaySettings,
         *,
-        num_workers: int = 2,
-        num_envs: int = 4,
-        rollout_fragment_length: int = 16,
-        buffer_size: int = 100_000,
-        learning_starts: int = 1000,
-        n_step: int = 3,
-        gamma: float = 0.99,
-        prioritized_replay_alpha: float = 0.6,
-        prioritized_replay_eps: float = 1e-6,
-        epsilon: float = 0.4,
-        epsilon_alpha: float = 7.0,
-        checkpoint_replay_buffer: bool | str = "auto",
-        replay_frame_stack: bool | str = "auto",
-        **sampling: Any,
+        gamma: float,
+        rollout_fragment_length: int,
+        epsilon: float,
+        epsilon_alpha: float,
+        workers: SamplerWorkers | None = None,
+        learner_queue: LearnerQueue | None = None,
     ) -> None:
-        super().__init__(
-            env, num_workers=num_workers, num_envs=num_envs, rollout_fragment_length=rollout_fragment_length,
-            train_batch_size=max(num_workers, 1) * num_envs * rollout_fragment_length, **sampling,
-        )
-        ReplayBuffer.check_config(n_step + 2, 1, n_step, gamma)  # n_step and gamma
-        ProportionalPriorities(1, prioritized_replay_alpha, prioritized_replay_eps)  # alpha and eps
-        if learning_starts < 0:
-            raise ValueError(f"learning_starts must be >= 0, got {learning_starts}")
-        check_checkpoint_replay_setting(checkpoint_replay_buffer)
-        check_frame_stack_setting(replay_frame_stack)
-        self.replay_frame_stack = replay_frame_stack
+        settings, workers = env_settings(env), SamplerWorkers() if workers is None else workers
+        super().__init__(settings, rollout_fragment_length,
+                         max(workers.num_workers, 1) * settings.num_envs * rollout_fragment_length, workers,
+                         learner_queue)
+        check_group(replay)
+        ReplayBuffer.check_config(replay.n_step + 2, 1, replay.n_step, gamma)  # n_step and gamma
+        ProportionalPriorities(1, replay.prioritized_replay_alpha, replay.prioritized_replay_eps)  # alpha and eps
+        if replay.learning_starts < 0:
+            raise ValueError(f"learning_starts must be >= 0, got {replay.learning_starts}")
+        check_checkpoint_replay_setting(replay.checkpoint_replay_buffer)
+        check_frame_stack_setting(replay.replay_frame_stack)
+        self.replay_frame_stack = replay.replay_frame_stack
         self.frame_stack: bool | None = None  # decided in setup, from the env's space and metadata
-        self.buffer_size, self.learning_starts = buffer_size, learning_starts
-        self.n_step, self.gamma = n_step, gamma
-        self.alpha, self.eps = prioritized_replay_alpha, prioritized_replay_eps
-        self.epsilons = worker_epsilons(num_workers, epsilon, epsilon_alpha)
-        self.checkpoint_replay_buffer = checkpoint_replay_buffer
+        self.buffer_size, self.learning_starts = replay.buffer_size, replay.learning_starts
+        self.n_step, self.gamma = replay.n_step, gamma
+        self.alpha, self.eps = replay.prioritized_replay_alpha, replay.prioritized_replay_eps
+        self.epsilons = worker_epsilons(workers.num_workers, epsilon, epsilon_alpha)
+        self.checkpoint_replay_buffer = replay.checkpoint_replay_buffer
         self.buffer: TransitionReplayBuffer | None = None
         self.env_steps = 0  # env steps inserted in this process (learning_starts counts them)
         self._local_task: NStepPriorityTask | None = None

@@ -40,6 +40,7 @@ counters.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import math
 import queue
@@ -52,17 +53,19 @@ import torch
 from torch import nn
 
 from lightning_rl.batch import BOOTSTRAP, DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
-from lightning_rl.data.base import EnvDataModule, rank_seed
+from lightning_rl.data.base import EnvDataModule, env_settings, rank_seed
 from lightning_rl.data.envs.make import EnvSpec
 from lightning_rl.data.envs.vector import make_vector_env
 from lightning_rl.data.multi_agent import MultiAgentEnvDataModule
 from lightning_rl.data.rollout import RolloutDataModule
 from lightning_rl.data.samplers.engine import ExploringPolicy
 from lightning_rl.data.samplers.multi_agent import MultiAgentFragmentSampler, split_policy_columns
+from lightning_rl.data.settings import EnvSettings, LearnerQueue, SamplerWorkers
 from lightning_rl.data.workers import BACKENDS, Fragment, PoolSpec, WorkerPool, sample_fragment
 from lightning_rl.data.workers.processes import ProcessPool
 from lightning_rl.data.workers.task import FragmentTask, _fragment_columns  # noqa: F401  (importable from here)
 from lightning_rl.data.workers.worker import _open_multi_agent_sampler, _open_sampler
+from lightning_rl.settings import check_group
 
 __all__ = ["AsyncSamplingDataModule", "MinibatchBuffer"]
 
@@ -98,32 +101,18 @@ class AsyncSamplingDataModule(EnvDataModule):
     """Sampler workers feeding the learner time-major batches (see the module docstring).
 
     Args:
-        env: a registered gymnasium id or a callable returning a ``gymnasium.Env``.
-        num_workers: sampler workers (per rank under DDP); 0 samples in the learner process.
-        num_envs: envs per worker (per process with 0 workers).
+        env: the env settings, as ``EnvDataModule`` takes them (``num_envs``: envs per worker, or
+            of the learner process with no workers).
         rollout_fragment_length: steps of one fragment, per env.
         train_batch_size: env steps per training batch (whole fragments: rounded up).
-        learner_queue_size: fragments that may wait for the learner.
-        broadcast_interval: training iterations between weight broadcasts.
-        max_policy_lag: drop (and count) fragments sampled more than this many policy versions
-            (learner iterations) before the learner would train on them; ``None`` keeps all.
-        sampler_timeout_s: how long the learner waits for a fragment (or a Ray actor to be
-            placed) before it raises.
-        restart_failed_workers: restart a worker that died (new seed) instead of raising.
-        sampler_backend: ``"processes"`` (child processes of the learner, shared memory) or
-            ``"ray"`` (Ray actors, the object store: ``data/workers/ray_actors.py``).
-        ray_address: the Ray cluster to join (else ``RAY_ADDRESS``, else a local Ray started for
-            the run); ignored when Ray is already initialized in the learner process.
-        num_cpus_per_worker: CPUs each Ray actor asks for (default 1).
-        custom_resources_per_worker: custom Ray resources each actor asks for (pins workers to
-            the nodes that declare them).
+        workers: the sampler workers' settings (``data/settings.SamplerWorkers``: how many, their
+            timeout, restarts, and the ``processes`` or ``ray`` backend with its placement);
+            ``None``: their defaults.
+        learner_queue: the learner queue's settings (``data/settings.LearnerQueue``: its size,
+            the broadcast interval, ``max_policy_lag``); ``None``: their defaults.
         num_sgd_iter: training iterations each batch is handed out for (the reference's
             ``num_passes``); only its first counts its env steps as sampled.
         minibatch_buffer_size: batches handed out round robin (``MinibatchBuffer``).
-        seed: as for ``RolloutDataModule``.
-        vectorization: as for ``RolloutDataModule``.
-        iterations_per_epoch: as for ``RolloutDataModule``.
-        check_finite: as for ``RolloutDataModule``.
         policy_id: the policy the workers sample with.
         policy_mapping_fn: a multi-agent env (PettingZoo): agent id -> policy id; fragments
             then hold every policy's columns (``MultiAgentFragmentSampler``) and the workers
@@ -134,57 +123,43 @@ class AsyncSamplingDataModule(EnvDataModule):
 
     def __init__(
         self,
-        env: EnvSpec,
-        num_workers: int = 2,
-        num_envs: int = 4,
-        rollout_fragment_length: int = 50,
-        train_batch_size: int = 500,
-        learner_queue_size: int = 16,
-        broadcast_interval: int = 1,
-        max_policy_lag: int | None = None,
-        sampler_timeout_s: float = 60.0,
-        restart_failed_workers: bool = False,
-        sampler_backend: str = "processes",
-        ray_address: str | None = None,
-        num_cpus_per_worker: float | None = None,
-        custom_resources_per_worker: dict[str, float] | None = None,
+        env: EnvSettings | EnvSpec,
+        rollout_fragment_length: int,
+        train_batch_size: int,
+        workers: SamplerWorkers | None = None,
+        learner_queue: LearnerQueue | None = None,
         num_sgd_iter: int = 1,
         minibatch_buffer_size: int = 1,
-        vectorization: str = "auto",
-        seed: int | None = None,
-        iterations_per_epoch: int = 10,
-        check_finite: bool = True,
         policy_id: str = DEFAULT_POLICY_ID,
         policy_mapping_fn: Callable[[str], str] | None = None,
         policy_agents: dict[str, list[str]] | None = None,
         policy_spaces: dict[str, tuple[Any, Any]] | None = None,
     ) -> None:
-        super().__init__(env, num_envs, "sync" if policy_mapping_fn else vectorization, seed, iterations_per_epoch,
-                         "cpu", check_finite)
+        settings = env_settings(env)
+        super().__init__(dataclasses.replace(settings, vectorization="sync") if policy_mapping_fn else settings, "cpu")
+        workers = SamplerWorkers() if workers is None else workers
+        learner_queue = LearnerQueue() if learner_queue is None else learner_queue
+        check_group(workers)
+        check_group(learner_queue)
         for name, value in dict(rollout_fragment_length=rollout_fragment_length, train_batch_size=train_batch_size,
-                                learner_queue_size=learner_queue_size, broadcast_interval=broadcast_interval,
                                 num_sgd_iter=num_sgd_iter, minibatch_buffer_size=minibatch_buffer_size).items():
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
-        if num_workers < 0:
-            raise ValueError(f"num_workers must be >= 0, got {num_workers}")
-        if max_policy_lag is not None and max_policy_lag < 0:
-            raise ValueError(f"max_policy_lag must be >= 0 or None, got {max_policy_lag}")
-        if sampler_timeout_s <= 0:
-            raise ValueError(f"sampler_timeout_s must be positive, got {sampler_timeout_s}")
-        check_backend(sampler_backend, ray_address, num_cpus_per_worker, custom_resources_per_worker,
-                      num_workers)
-        self.sampler_backend, self.ray_address = sampler_backend, ray_address
-        self.num_cpus_per_worker, self.custom_resources_per_worker = num_cpus_per_worker, custom_resources_per_worker
-        self.num_workers = num_workers
+        check_backend(workers.sampler_backend, workers.ray_address, workers.num_cpus_per_worker,
+                      workers.custom_resources_per_worker, workers.num_workers)
+        self.sampler_backend, self.ray_address = workers.sampler_backend, workers.ray_address
+        self.num_cpus_per_worker = workers.num_cpus_per_worker
+        self.custom_resources_per_worker = workers.custom_resources_per_worker
+        self.num_workers = workers.num_workers
+        self.sampler_timeout_s = workers.sampler_timeout_s
+        self.restart_failed_workers = workers.restart_failed_workers
         self.rollout_fragment_length = rollout_fragment_length
-        self.fragments_per_batch = math.ceil(train_batch_size / (num_envs * rollout_fragment_length))
-        self.train_batch_size = self.fragments_per_batch * num_envs * rollout_fragment_length
-        self.learner_queue_size = learner_queue_size
-        self.broadcast_interval = broadcast_interval
-        self.max_policy_lag = max_policy_lag
-        self.sampler_timeout_s = sampler_timeout_s
-        self.restart_failed_workers = restart_failed_workers
+        fragment = self.num_envs * rollout_fragment_length
+        self.fragments_per_batch = math.ceil(train_batch_size / fragment)
+        self.train_batch_size = self.fragments_per_batch * fragment
+        self.learner_queue_size = learner_queue.learner_queue_size
+        self.broadcast_interval = learner_queue.broadcast_interval
+        self.max_policy_lag = learner_queue.max_policy_lag
         self.policy_id = policy_id
         # multi-agent (a PettingZoo env): every policy's time-major columns (MultiAgentFragmentSampler)
         self.policy_mapping_fn, self.policy_agents, self.policy_spaces = policy_mapping_fn, policy_agents, policy_spaces
@@ -221,10 +196,12 @@ class AsyncSamplingDataModule(EnvDataModule):
         if self.multi_agent:
             engine = MultiAgentFragmentSampler(self.env, self.policy_mapping_fn, self.policy_agents, self.policy_spaces,
                                                self.num_envs, self.rollout_fragment_length, seed, self.check_finite)
-            return MultiAgentEnvDataModule(self.env, self.policy_mapping_fn, self.num_envs, seed, 1, "cpu", engine,
-                                           self.check_finite)
-        return RolloutDataModule(self.env, self.num_envs, self.rollout_fragment_length, self.vectorization, seed, 1,
-                                 "cpu", self.check_finite)
+            return MultiAgentEnvDataModule(self._local_settings(seed), self.policy_mapping_fn, "cpu", engine)
+        return RolloutDataModule(self._local_settings(seed), self.rollout_fragment_length)
+
+    def _local_settings(self, seed: int | None) -> EnvSettings:
+        """The env settings of the learner process's own sampler: this DataModule's, seeded ``seed``."""
+        return dataclasses.replace(self.settings, env=self.env, env_kwargs=None, seed=seed, iterations_per_epoch=1)
 
     def _sampler_factory(self) -> Callable[[int | None], Any]:
         """What makes a worker's sampler from a seed (picklable: the spawn start method): the

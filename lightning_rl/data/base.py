@@ -15,13 +15,23 @@ from pytorch_lightning.trainer.states import TrainerStatus
 from torch.utils.data import DataLoader, IterableDataset
 
 from lightning_rl.batch import MultiAgentBatch
-from lightning_rl.checkpoint import pack_rank_states, unpack_rank_state
-from lightning_rl.data.envs import EnvSpec, resolve_vectorization
+from lightning_rl.checkpoint_data import pack_rank_states, unpack_rank_state
+from lightning_rl.data.envs import EnvSpec, env_spec, resolve_vectorization
 from lightning_rl.data.learner import Learner
 from lightning_rl.data.samplers.engine import EnvSampler, eval_mode, new_generator, policy_state, rank_seed
+from lightning_rl.data.settings import EnvSettings
+from lightning_rl.settings import check_group
 
-__all__ = ["EnvDataModule", "IterationStream", "eval_mode", "lightning_seed", "new_generator", "policy_state",
-           "rank_seed"]
+__all__ = ["EnvDataModule", "IterationStream", "env_settings", "eval_mode", "lightning_seed", "new_generator",
+           "policy_state", "rank_seed"]
+
+
+def env_settings(env: EnvSettings | EnvSpec) -> EnvSettings:
+    """``env`` as checked env settings: an ``EnvSettings`` as it is, an env id or factory with the
+    other settings' defaults."""
+    settings = env if isinstance(env, EnvSettings) else EnvSettings(env)
+    check_group(settings)
+    return settings
 
 
 def lightning_seed() -> int | None:
@@ -105,48 +115,31 @@ class EnvDataModule(pl.LightningDataModule):
     episodes that finished and the sampling time, for callbacks.
 
     Args:
-        env: a registered gymnasium id or any callable returning a ``gymnasium.Env``
-            (``GymMake(id, kwargs)`` for an id with keyword arguments).
-        num_envs: envs stepped in parallel (per process under DDP).
-        vectorization: ``"auto"`` (the env's own batched version where it registers one,
-            else ``"sync"``), ``"sync"``, ``"async"`` (one process per env),
-            ``"vector_entry_point"`` or ``"envpool"`` (data/envs/envpool_env.py).
-        seed: env, action-sampling and replay seed (``seed + 1000 * rank`` under DDP);
-            ``None``: the seed of ``pl.seed_everything`` where one was set at ``setup``, else random.
-        iterations_per_epoch: training iterations in one Lightning epoch, the cadence of
-            epoch-based callbacks (checkpointing, validation).
+        env: the env settings (``data/settings.EnvSettings``: the env and its keyword arguments,
+            ``num_envs``, ``vectorization``, ``seed``, ``iterations_per_epoch``, ``check_finite``;
+            an algorithm passes its own), or an env id or factory alone, with the other settings'
+            defaults. ``seed=None`` takes the seed of ``pl.seed_everything`` where one was set at
+            ``setup``, else a random one; under DDP rank ``r`` seeds ``seed + 1000 * r``.
         sampling_device: device the policy runs on while sampling (and where the action
             sampling generator lives); small MLPs are faster on the CPU than with a GPU
             round trip per env step.
-        check_finite: raise, naming the env, the field and the step, when an env returns a
-            NaN or infinite reward or observation (one vectorized check per step).
     """
 
-    def __init__(
-        self,
-        env: EnvSpec,
-        num_envs: int,
-        vectorization: str,
-        seed: int | None,
-        iterations_per_epoch: int,
-        sampling_device: str,
-        check_finite: bool = True,
-    ) -> None:
+    def __init__(self, env: EnvSettings | EnvSpec, sampling_device: str = "cpu") -> None:
         super().__init__()
-        if num_envs < 1:
-            raise ValueError(f"num_envs must be >= 1, got {num_envs}")
-        if iterations_per_epoch < 1:
-            raise ValueError(f"iterations_per_epoch must be >= 1, got {iterations_per_epoch}")
-        resolve_vectorization(env, vectorization)
-        self.env = env
-        self.num_envs = num_envs
-        self.vectorization = vectorization
-        self.seed = seed
-        self.iterations_per_epoch = iterations_per_epoch
+        settings = env_settings(env)
+        self.settings = settings
+        self.env = env_spec(settings.env, settings.env_kwargs, settings.vectorization)
+        resolve_vectorization(self.env, settings.vectorization)
+        self.num_envs = settings.num_envs
+        self.vectorization = settings.vectorization
+        self.seed = settings.seed
+        self.iterations_per_epoch = settings.iterations_per_epoch
         self.sampling_device = torch.device(sampling_device)
-        self.check_finite = check_finite
+        self.check_finite = settings.check_finite
         self.module: Learner | None = None
-        self.sampler = EnvSampler(env, num_envs, vectorization, seed, self.sampling_device, check_finite)
+        self.sampler = EnvSampler(self.env, self.num_envs, self.vectorization, self.seed, self.sampling_device,
+                                  self.check_finite)
         self.rank = 0
         self._state_at_teardown: dict[str, Any] = {}
 

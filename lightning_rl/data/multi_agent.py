@@ -12,6 +12,7 @@ of every agent mapped to it, GAE computed along each agent's own trajectory by t
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import warnings
 from collections.abc import Callable
@@ -21,11 +22,12 @@ import numpy as np
 import torch
 
 from lightning_rl.batch import MultiAgentBatch, SampleBatch
-from lightning_rl.checkpoint import unpack_rank_state
-from lightning_rl.data.base import EnvDataModule
+from lightning_rl.checkpoint_data import unpack_rank_state
+from lightning_rl.data.base import EnvDataModule, env_settings
 from lightning_rl.data.envs.pettingzoo import agent_spaces, is_multi_agent_env, make_parallel_env, policy_spaces
 from lightning_rl.data.samplers.engine import ExploringPolicy
 from lightning_rl.data.samplers.multi_agent import MultiAgentEnvSampler
+from lightning_rl.data.settings import EnvSettings
 
 __all__ = [
     "MultiAgentEnvDataModule",
@@ -50,19 +52,15 @@ class MultiAgentEnvDataModule(EnvDataModule):
 
     def __init__(
         self,
-        env: Callable[[], Any],
+        env: EnvSettings | Callable[[], Any],
         policy_mapping_fn: Callable[[str], str],
-        num_envs: int,
-        seed: int | None,
-        iterations_per_epoch: int,
-        sampling_device: str,
+        sampling_device: str = "cpu",
         sampler: MultiAgentEnvSampler | None = None,
-        check_finite: bool = True,
     ) -> None:
-        super().__init__(env, num_envs, "sync", seed, iterations_per_epoch, sampling_device, check_finite)
+        super().__init__(dataclasses.replace(env_settings(env), vectorization="sync"), sampling_device)
         self.policy_mapping_fn = policy_mapping_fn
-        self.sampler = sampler or MultiAgentEnvSampler(env, policy_mapping_fn, num_envs, seed, self.sampling_device,
-                                                       check_finite=check_finite)
+        self.sampler = sampler or MultiAgentEnvSampler(self.env, policy_mapping_fn, self.num_envs, self.seed,
+                                                       self.sampling_device, check_finite=self.check_finite)
 
     def check_spaces(self) -> None:
         """(A PettingZoo env's spaces were checked when the module was built.)"""
@@ -125,18 +123,13 @@ class MultiAgentRolloutDataModule(MultiAgentEnvDataModule):
 
     def __init__(
         self,
-        env: Callable[[], Any],
+        env: EnvSettings | Callable[[], Any],
         policy_mapping_fn: Callable[[str], str],
-        num_envs: int = 1,
-        rollout_fragment_length: int = 32,
-        seed: int | None = None,
-        iterations_per_epoch: int = 10,
+        rollout_fragment_length: int,
+        count_steps_by: str,
         sampling_device: str = "cpu",
-        count_steps_by: str = "env_steps",
-        check_finite: bool = True,
     ) -> None:
-        super().__init__(env, policy_mapping_fn, num_envs, seed, iterations_per_epoch, sampling_device,
-                         check_finite=check_finite)
+        super().__init__(env, policy_mapping_fn, sampling_device)
         if rollout_fragment_length < 1:
             raise ValueError(f"rollout_fragment_length must be >= 1, got {rollout_fragment_length}")
         if count_steps_by not in ("env_steps", "agent_steps"):

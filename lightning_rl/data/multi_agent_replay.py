@@ -13,10 +13,12 @@ import torch
 
 from lightning_rl.batch import MultiAgentBatch, SampleBatch
 from lightning_rl.data.base import rank_seed
-from lightning_rl.data.buffers.replay_buffer import check_checkpoint_replay_setting, check_replay_settings, keeps_replay
+from lightning_rl.data.buffers.replay_buffer import keeps_replay
 from lightning_rl.data.buffers.transitions import NStepWindows, TransitionReplayBuffer
 from lightning_rl.data.multi_agent import MultiAgentEnvDataModule
+from lightning_rl.data.replay import checked_replay
 from lightning_rl.data.samplers.engine import ExploringPolicy
+from lightning_rl.data.settings import EnvSettings, ReplaySettings
 
 __all__ = ["MultiAgentReplayDataModule"]
 
@@ -37,36 +39,25 @@ class MultiAgentReplayDataModule(MultiAgentEnvDataModule):
 
     def __init__(
         self,
-        env: Callable[[], Any],
+        env: EnvSettings | Callable[[], Any],
         policy_mapping_fn: Callable[[str], str],
         policy_spaces: dict[str, tuple[gym.Space, gym.Space]],
-        num_envs: int = 1,
-        buffer_size: int = 100_000,
-        learning_starts: int = 1000,
-        train_freq: int = 1,
-        n_step: int = 1,
-        gamma: float = 0.99,
-        prioritized_replay: bool = False,
-        prioritized_replay_alpha: float = 0.6,
-        prioritized_replay_eps: float = 1e-6,
-        seed: int | None = None,
-        iterations_per_epoch: int = 1000,
+        replay: ReplaySettings | None = None,
+        *,
+        gamma: float,
         sampling_device: str = "cpu",
-        checkpoint_replay_buffer: bool | str = "auto",
-        check_finite: bool = True,
     ) -> None:
-        super().__init__(env, policy_mapping_fn, num_envs, seed, iterations_per_epoch, sampling_device,
-                         check_finite=check_finite)
-        check_replay_settings(buffer_size, 1, train_freq, learning_starts, n_step, gamma, prioritized_replay,
-                              prioritized_replay_alpha, prioritized_replay_eps)
-        check_checkpoint_replay_setting(checkpoint_replay_buffer)
+        super().__init__(env, policy_mapping_fn, sampling_device)
+        replay = checked_replay(replay, 1, gamma)
+        if replay.replay_frame_stack is True:
+            raise ValueError("replay_frame_stack=True: a multi-agent replay stores whole transitions")
         self.policy_spaces = dict(policy_spaces)
-        self.buffer_size, self.learning_starts, self.train_freq = buffer_size, learning_starts, train_freq
-        self.n_step, self.gamma = n_step, gamma
-        self.prioritized_replay = prioritized_replay
-        self.alpha = prioritized_replay_alpha if prioritized_replay else 0.0
-        self.eps = prioritized_replay_eps
-        self.checkpoint_replay_buffer = checkpoint_replay_buffer
+        self.buffer_size, self.learning_starts = replay.buffer_size, replay.learning_starts
+        self.train_freq, self.n_step, self.gamma = replay.train_freq, replay.n_step, gamma
+        self.prioritized_replay = replay.prioritized_replay
+        self.alpha = replay.prioritized_replay_alpha if replay.prioritized_replay else 0.0
+        self.eps = replay.prioritized_replay_eps
+        self.checkpoint_replay_buffer = replay.checkpoint_replay_buffer
         self.buffers: dict[str, TransitionReplayBuffer] = {}
         self.env_steps = 0  # this process's env steps, which learning_starts counts
 

@@ -15,6 +15,20 @@ from lightning_rl.data.buffers.replay_buffer import check_checkpoint_replay_sett
 from lightning_rl.data.buffers.ring import ReplayBuffer
 from lightning_rl.data.envs.make import EnvSpec
 from lightning_rl.data.samplers.engine import ExploringPolicy
+from lightning_rl.data.settings import EnvSettings, ReplaySettings
+from lightning_rl.settings import check_group
+
+
+def checked_replay(replay: ReplaySettings | None, num_envs: int, gamma: float) -> ReplaySettings:
+    """``replay`` (``None``: the defaults), its values checked with ``num_envs`` and ``gamma``."""
+    replay = ReplaySettings() if replay is None else replay
+    check_group(replay)
+    check_replay_settings(replay.buffer_size, num_envs, replay.train_freq, replay.learning_starts, replay.n_step,
+                          gamma, replay.prioritized_replay, replay.prioritized_replay_alpha,
+                          replay.prioritized_replay_eps)
+    check_checkpoint_replay_setting(replay.checkpoint_replay_buffer)
+    check_frame_stack_setting(replay.replay_frame_stack)
+    return replay
 
 
 class ReplayDataModule(EnvDataModule):
@@ -32,62 +46,42 @@ class ReplayDataModule(EnvDataModule):
     minibatch larger than what is stored is drawn with replacement (as Stable-Baselines3 does).
 
     Args:
-        buffer_size: transitions held (per process under DDP).
-        learning_starts: env steps of uniform random actions (per process) before learning.
-        train_freq: vector-env steps per iteration (``train_freq * num_envs`` env steps).
-        n_step: steps summed into each target (``discounts`` carries ``gamma ** k``).
-        gamma: discount of the n-step returns.
-        prioritized_replay: proportional prioritized replay (Schaul et al. 2016) instead of
-            uniform; the importance exponent beta is the learner's (``sample_minibatch(beta=...)``).
-        prioritized_replay_alpha: the priority exponent of prioritized replay.
-        prioritized_replay_eps: added to each ``|td_error|`` so that no priority is 0.
-        checkpoint_replay_buffer: save the buffer in checkpoints (exact resume); ``"auto"``
-            when its arrays take at most 1 GiB (``keeps_replay``); off, a resumed run starts
-            with an empty buffer and waits ``learning_starts`` again.
-        replay_frame_stack: store stacked frames once per step (``frames.use_frame_storage``:
-            ``"auto"`` for a ``uint8`` ``(K, H, W)`` space whose env declares a ``K``-frame stack);
-            ``frame_stack`` is what was decided, once the envs are open.
-
-    See ``EnvDataModule`` for the env arguments.
+        env: the env settings, as ``EnvDataModule`` takes them.
+        replay: the replay settings (``data/settings.ReplaySettings``: ``buffer_size``,
+            ``learning_starts``, ``train_freq`` vector-env steps per iteration, ``n_step``,
+            proportional prioritized replay (Schaul et al. 2016) and its ``alpha`` and ``eps``,
+            ``checkpoint_replay_buffer``, ``replay_frame_stack``); ``None``: their defaults.
+            Prioritized replay's importance exponent beta is the learner's
+            (``sample_minibatch(beta=...)``); ``frame_stack`` is what ``replay_frame_stack``
+            decided (``frames.use_frame_storage``), once the envs are open; a buffer kept in
+            checkpoints (``keeps_replay``) resumes exactly, else a resumed run starts with an
+            empty buffer and waits ``learning_starts`` again.
+        gamma: discount of the n-step returns (``discounts`` carries ``gamma ** k``).
+        sampling_device: as ``EnvDataModule``'s.
     """
 
     def __init__(
         self,
-        env: EnvSpec,
-        num_envs: int = 1,
-        buffer_size: int = 100_000,
-        learning_starts: int = 1000,
-        train_freq: int = 1,
-        n_step: int = 1,
-        gamma: float = 0.99,
-        prioritized_replay: bool = False,
-        prioritized_replay_alpha: float = 0.6,
-        prioritized_replay_eps: float = 1e-6,
-        vectorization: str = "auto",
-        seed: int | None = None,
-        iterations_per_epoch: int = 1000,
+        env: EnvSettings | EnvSpec,
+        replay: ReplaySettings | None = None,
+        *,
+        gamma: float,
         sampling_device: str = "cpu",
-        checkpoint_replay_buffer: bool | str = "auto",
-        check_finite: bool = True,
-        replay_frame_stack: bool | str = "auto",
     ) -> None:
-        super().__init__(env, num_envs, vectorization, seed, iterations_per_epoch, sampling_device, check_finite)
-        check_replay_settings(buffer_size, num_envs, train_freq, learning_starts, n_step, gamma, prioritized_replay,
-                              prioritized_replay_alpha, prioritized_replay_eps)
-        check_checkpoint_replay_setting(checkpoint_replay_buffer)
-        check_frame_stack_setting(replay_frame_stack)
-        self.buffer_size = buffer_size
-        self.learning_starts = learning_starts
-        self.train_freq = train_freq
-        self.n_step = n_step
+        super().__init__(env, sampling_device)
+        replay = checked_replay(replay, self.num_envs, gamma)
+        self.buffer_size = replay.buffer_size
+        self.learning_starts = replay.learning_starts
+        self.train_freq = replay.train_freq
+        self.n_step = replay.n_step
         self.gamma = gamma
-        self.prioritized_replay = prioritized_replay
-        self.alpha = prioritized_replay_alpha
-        self.eps = prioritized_replay_eps
+        self.prioritized_replay = replay.prioritized_replay
+        self.alpha = replay.prioritized_replay_alpha
+        self.eps = replay.prioritized_replay_eps
         self.buffer: ReplayBuffer | None = None
         self.env_steps = 0  # this process's env steps, which learning_starts counts
-        self.checkpoint_replay_buffer = checkpoint_replay_buffer
-        self.replay_frame_stack = replay_frame_stack
+        self.checkpoint_replay_buffer = replay.checkpoint_replay_buffer
+        self.replay_frame_stack = replay.replay_frame_stack
         self.frame_stack: bool | None = None  # decided when the envs open
 
     def on_envs_ready(self) -> None:

@@ -11,6 +11,7 @@ from lightning_rl.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
 from lightning_rl.data.base import EnvDataModule, rank_seed
 from lightning_rl.data.envs import EnvSpec
 from lightning_rl.data.samplers.engine import ExploringPolicy
+from lightning_rl.data.settings import EnvSettings
 from lightning_rl.functional import discounted_returns
 
 __all__ = ["DISCOUNTED_RETURNS", "RolloutDataModule", "rank_seed"]
@@ -19,7 +20,8 @@ DISCOUNTED_RETURNS = "discounted_returns"
 
 
 class RolloutDataModule(EnvDataModule):
-    """Steps ``num_envs`` gymnasium envs for ``rollout_fragment_length`` steps per iteration.
+    """Steps ``num_envs`` gymnasium envs for ``rollout_fragment_length`` steps per iteration
+    (``env``: the env settings, as ``EnvDataModule`` takes them).
 
     Each Lightning training step receives one ``MultiAgentBatch`` holding one time-major
     fragment (``fragment``); the algorithm post-processes it in its training step (GAE,
@@ -33,17 +35,12 @@ class RolloutDataModule(EnvDataModule):
 
     def __init__(
         self,
-        env: EnvSpec,
-        num_envs: int = 8,
-        rollout_fragment_length: int = 32,
-        vectorization: str = "auto",
-        seed: int | None = None,
-        iterations_per_epoch: int = 10,
+        env: EnvSettings | EnvSpec,
+        rollout_fragment_length: int,
         sampling_device: str = "cpu",
-        check_finite: bool = True,
         return_discount: float | None = None,
     ) -> None:
-        super().__init__(env, num_envs, vectorization, seed, iterations_per_epoch, sampling_device, check_finite)
+        super().__init__(env, sampling_device)
         if rollout_fragment_length < 1:
             raise ValueError(f"rollout_fragment_length must be >= 1, got {rollout_fragment_length}")
         self.rollout_fragment_length = rollout_fragment_length

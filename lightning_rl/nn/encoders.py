@@ -29,7 +29,7 @@ import gymnasium as gym
 import torch
 from torch import nn
 
-from lightning_rl.checkpoint import check_not_placeholder
+from lightning_rl.checkpoint_data import check_not_placeholder
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {
     "tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "silu": nn.SiLU, "swish": nn.SiLU, "gelu": nn.GELU,
