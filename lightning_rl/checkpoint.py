@@ -107,10 +107,14 @@ def multi_agent_algorithms() -> list[str]:
                   and cls.supports_multi_agent)
 
 
+# The package's shared bases of several algorithms: registered like any subclass, named by none.
+SHARED_BASES = ("OnPolicyModule", "OffPolicyModule", "ContinuousOffPolicyModule")
+
+
 def algorithm_names() -> list[str]:
     """The class names of the algorithms defined in this process (``A2C``, ..., ``SAC``, then any
     subclass a user's code defined), for help texts and errors."""
-    paths = [p for p in algorithm_registry() if p.rsplit(".", 1)[-1] not in ("OnPolicyModule", "OffPolicyModule")]
+    paths = [p for p in algorithm_registry() if p.rsplit(".", 1)[-1] not in SHARED_BASES]
     own = sorted({p.rsplit(".", 1)[-1] for p in paths if p.startswith("lightning_rl.")})
     return own + sorted({p.rsplit(".", 1)[-1] for p in paths} - set(own))  # the built-in ones first
 

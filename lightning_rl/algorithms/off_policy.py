@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -9,12 +10,15 @@ import torch
 
 from lightning_rl.algorithms.base import Algorithm
 from lightning_rl.batch import MultiAgentBatch, SampleBatch
+from lightning_rl.data.envs import EnvSpec
 from lightning_rl.data.envs.spaces import valid_point
 from lightning_rl.data.multi_agent_replay import MultiAgentReplayDataModule
 from lightning_rl.data.replay import ReplayDataModule
 from lightning_rl.data.settings import ReplaySettings
 from lightning_rl.distributed import all_reduce_max
 from lightning_rl.learner_info import LEARNER_STATS_KEY, LearnerInfoBuilder
+from lightning_rl.nn.encoders import Activation
+from lightning_rl.policies import PolicyMapping
 from lightning_rl.settings import at_least, group_of, interval, positive, setting, settings
 
 
@@ -155,3 +159,32 @@ class OffPolicyModule(ReplaySettings, Algorithm):
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
         self._last_target_update = state.get("last_target_update", 0)
+
+
+@settings
+class ContinuousOffPolicyModule(OffPolicyModule):
+    """The replay actor-critics of continuous control (SAC, TD3, DDPG), with the defaults
+    rl-zoo and their papers share: one env, a replay of a million transitions from 100 random
+    steps on, one gradient step on 256 rows per env step, Polyak-averaged targets after every
+    update, ReLU MLPs, no gradient clipping; single-agent."""
+
+    env: EnvSpec = setting(default="Pendulum-v1", kw_only=False)
+    num_envs: int = 1
+    total_env_steps: int | None = 20_000
+    iterations_per_epoch: int = 1000
+    grad_clip: float | None = None
+    hiddens: Sequence[int] = (256, 256)
+    """MLP layer sizes of the actor and of each critic."""
+    activation: Activation = "relu"
+    """the MLPs' activation: a name such as ``relu`` or an import path."""
+    policies: Sequence[str] | dict[str, dict[str, Any]] | None = setting(default=None, init=False)  # type: ignore[assignment]
+    policy_mapping_fn: PolicyMapping | None = setting(default=None, init=False)
+    policies_to_train: Sequence[str] | None = setting(default=None, init=False)
+    buffer_size: int = 1_000_000
+    learning_starts: int = 100
+    train_freq: int = 1
+    num_gradient_steps: int = 1
+    train_batch_size: int = 256
+    n_step: int = 1
+    target_network_update_freq: int = 0
+    """global env steps between Polyak updates (0: after every gradient step)."""

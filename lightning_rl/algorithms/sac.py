@@ -4,25 +4,21 @@ entropy tuning and twin Q-networks."""
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from lightning_rl.algorithms.off_policy import OffPolicyModule
+from lightning_rl.algorithms.off_policy import ContinuousOffPolicyModule
 from lightning_rl.batch import DEFAULT_POLICY_ID, SampleBatch
-from lightning_rl.data.envs import EnvSpec
 from lightning_rl.functional import soft_update_
-from lightning_rl.nn.encoders import Activation
 from lightning_rl.nn.q_models import SquashedGaussianActor, TwinQ
-from lightning_rl.policies import PolicyMapping
 from lightning_rl.settings import positive, setting, settings
 from lightning_rl.update import call, policy_loss
 
 
 @settings
-class SAC(OffPolicyModule):
+class SAC(ContinuousOffPolicyModule):
     """SAC for Box actions of any bounds; defaults are rl-zoo's Pendulum-v1 settings.
 
     Per replay minibatch, in this order (as in the paper's reference code)::
@@ -41,29 +37,8 @@ class SAC(OffPolicyModule):
     of their own (``nn/cnn.py``), the replay keeps them in their dtype.
     """
 
-    env: EnvSpec = setting(default="Pendulum-v1", kw_only=False)
-    num_envs: int = 1
-    total_env_steps: int | None = 20_000
-    iterations_per_epoch: int = 1000
     lr: float = 1e-3
     """Adam's learning rate of the actor, the critics and the temperature."""
-    grad_clip: float | None = None
-    hiddens: Sequence[int] = (256, 256)
-    """MLP layer sizes of the actor and of each critic."""
-    activation: Activation = "relu"
-    """the MLPs' activation: a name such as ``relu`` or an import path."""
-    # single-agent
-    policies: Sequence[str] | dict[str, dict[str, Any]] | None = setting(default=None, init=False)  # type: ignore[assignment]
-    policy_mapping_fn: PolicyMapping | None = setting(default=None, init=False)
-    policies_to_train: Sequence[str] | None = setting(default=None, init=False)
-    buffer_size: int = 1_000_000
-    learning_starts: int = 100
-    train_freq: int = 1
-    num_gradient_steps: int = 1
-    train_batch_size: int = 256
-    n_step: int = 1
-    target_network_update_freq: int = 0
-    """global env steps between Polyak updates (0: after every gradient step)."""
     tau: float = 0.005
     """Polyak coefficient of the target critics, per update."""
     initial_alpha: float = setting(default=1.0, check=positive)

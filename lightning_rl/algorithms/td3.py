@@ -12,14 +12,11 @@ import torch
 from pytorch_lightning.trainer.states import TrainerStatus
 from torch import Tensor, nn
 
-from lightning_rl.algorithms.off_policy import OffPolicyModule
+from lightning_rl.algorithms.off_policy import ContinuousOffPolicyModule
 from lightning_rl.batch import DEFAULT_POLICY_ID, SampleBatch
 from lightning_rl.checkpoint_data import pack_rank_states, unpack_rank_state
-from lightning_rl.data.envs import EnvSpec
 from lightning_rl.functional import clipped_double_q_target, smoothed_target_actions, soft_update_
-from lightning_rl.nn.encoders import Activation
 from lightning_rl.nn.q_models import DeterministicActor, OrnsteinUhlenbeckNoise, TwinQ
-from lightning_rl.policies import PolicyMapping
 from lightning_rl.settings import at_least, one_of, setting, settings
 from lightning_rl.update import call, policy_loss
 
@@ -27,7 +24,7 @@ ACTION_NOISES = ("normal", "ornstein-uhlenbeck", None)
 
 
 @settings
-class TD3(OffPolicyModule):
+class TD3(ContinuousOffPolicyModule):
     """TD3 for Box actions of any bounds; defaults are Stable-Baselines3's (rl-zoo's Pendulum-v1 network).
 
     Per replay minibatch (actions in ``[-1, 1]``, scaled to the bounds only at the env)::
@@ -48,27 +45,9 @@ class TD3(OffPolicyModule):
     and ``predict(deterministic=True)`` act without noise.
     """
 
-    env: EnvSpec = setting(default="Pendulum-v1", kw_only=False)
-    num_envs: int = 1
-    total_env_steps: int | None = 20_000
-    iterations_per_epoch: int = 1000
     lr: float = 1e-3
     """Adam's learning rate of the actor and the critics."""
-    grad_clip: float | None = None
     hiddens: Sequence[int] = (400, 300)
-    """MLP layer sizes of the actor and of each critic."""
-    activation: Activation = "relu"
-    """the MLPs' activation: a name such as ``relu`` or an import path."""
-    # single-agent
-    policies: Sequence[str] | dict[str, dict[str, Any]] | None = setting(default=None, init=False)  # type: ignore[assignment]
-    policy_mapping_fn: PolicyMapping | None = setting(default=None, init=False)
-    policies_to_train: Sequence[str] | None = setting(default=None, init=False)
-    buffer_size: int = 1_000_000
-    learning_starts: int = 100
-    train_freq: int = 1
-    num_gradient_steps: int = 1
-    train_batch_size: int = 256
-    n_step: int = 1
     target_network_update_freq: int = 0
     """global env steps between Polyak updates (0: after every actor update)."""
     tau: float = 0.005
