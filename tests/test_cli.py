@@ -183,10 +183,11 @@ def test_without_tensorboard_the_cli_logs_to_csv_without_lightnings_install_noti
     from pytorch_lightning.trainer.connectors.logger_connector import logger_connector
 
     import lightning_rl.cli
+    import lightning_rl.cli_lightning
 
     monkeypatch.setattr(logger_connector, "_TENSORBOARD_AVAILABLE", False)
     monkeypatch.setattr(logger_connector, "_TENSORBOARDX_AVAILABLE", False)
-    monkeypatch.setattr(lightning_rl.cli, "tensorboard_available", lambda: False, raising=False)
+    monkeypatch.setattr(lightning_rl.cli_lightning, "tensorboard_available", lambda: False)
     monkeypatch.chdir(tmp_path)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

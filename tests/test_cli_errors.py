@@ -279,7 +279,7 @@ def test_resume_refuses_by_name_what_cannot_change(ppo_ckpt, args, message, caps
 def test_every_setting_of_every_algorithm_is_described(name):
     """By the docstring under its field (editors, ``lightning-rl fit --model.help PPO``), one line
     each, and as jsonargparse shows it (Lightning's CLI, which ``lightning_rl.cli`` sets up)."""
-    from lightning_rl.cli import _lightning
+    from lightning_rl.cli_lightning import _lightning
     from lightning_rl.settings import setting_docs
 
     _lightning()  # the CLI's parsing settings: jsonargparse reads the fields' docstrings

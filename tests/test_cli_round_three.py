@@ -101,7 +101,7 @@ def test_the_settings_read_from_the_source_are_the_algorithms_signatures():
     """What ``lightning-rl fit --model PPO --model.X`` is checked against before any import."""
     import lightning_rl.algorithms as algorithms
     from lightning_rl.checkpoint import algorithm_names
-    from lightning_rl.cli import ALGORITHMS, _declared_settings
+    from lightning_rl.cli_source import ALGORITHMS, _declared_settings
 
     assert list(ALGORITHMS) == algorithm_names()[: len(ALGORITHMS)]
     declared = _declared_settings()
@@ -113,7 +113,7 @@ def test_the_settings_read_from_the_source_are_the_algorithms_signatures():
 def test_the_trainer_arguments_read_from_the_source_are_pl_trainers():
     import pytorch_lightning as pl
 
-    from lightning_rl.cli import _trainer_arguments
+    from lightning_rl.cli_source import _trainer_arguments
 
     arguments = _trainer_arguments()
     assert [name for name, _, _ in arguments] == [p for p in inspect.signature(pl.Trainer.__init__).parameters

@@ -18,7 +18,8 @@ import optuna
 import pytest
 import yaml
 
-from lightning_rl.cli import _declared_settings, cli
+from lightning_rl.cli import cli
+from lightning_rl.cli_source import _declared_settings
 from lightning_rl.tune_spaces import BUILT_IN, SpaceError, load_space, parse_space, suggest
 from lightning_rl.tune_trial import TrialError, TrialReporter, run_trial
 from tests.conftest import run_main
