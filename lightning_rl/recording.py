@@ -241,16 +241,11 @@ def record(
             episode_return, done, steps = 0.0, False, 0
             acting = Acting(model, **policy_kwargs)  # a recurrent policy's state starts fresh
             while not done:
-                if len(frames) >= max_frames:
-                    truncated_gif = True
-                    break
-                if steps >= cap:
-                    cut += 1
+                if (stop := _stop(frames, max_frames, steps, cap)) is not None:
+                    truncated_gif, cut = stop == "full", cut + (stop == "cap")
                     break
                 steps += 1
-                action = acting.act(np.asarray(obs)[None])[0]
-                if isinstance(space, gym.spaces.Box):
-                    action = np.clip(action, space.low, space.high).astype(space.dtype)
+                action = _in_bounds(acting.act(np.asarray(obs)[None])[0], space)
                 obs, reward, terminated, truncated, info = render_env.step(action)
                 episode_return += float(reward)
                 done = bool(terminated or truncated)
@@ -304,20 +299,15 @@ def _play_multi_agent(model: Algorithm, spec: Any, num_episodes: int, seed: int 
             frames.append(_frame(made))
             total, steps = 0.0, 0
             while made.agents:
-                if len(frames) >= max_frames:
-                    truncated_gif = True
-                    break
-                if steps >= cap:
-                    cut += 1
+                if (stop := _stop(frames, max_frames, steps, cap)) is not None:
+                    truncated_gif, cut = stop == "full", cut + (stop == "cap")
                     break
                 steps += 1
                 actions = {}
                 for agent in made.agents:
                     action = model.compute_actions(np.asarray(obs[agent]), policy_id=model.policy_mapping_fn(agent),
                                                    explore=False)
-                    space = made.action_space(agent)
-                    if isinstance(space, gym.spaces.Box):
-                        action = np.clip(action, space.low, space.high).astype(space.dtype)
+                    action = _in_bounds(action, made.action_space(agent))
                     actions[agent] = action.item() if np.ndim(action) == 0 else action
                 obs, rewards, _, _, _ = made.step(actions)
                 total += float(sum(rewards.values()))
@@ -445,3 +435,14 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _stop(frames: list[np.ndarray], max_frames: int, steps: int, cap: int) -> str | None:
+    """Why a recorded episode stops before its end: ``"full"`` (the GIF has ``max_frames``),
+    ``"cap"`` (``cap`` steps played), else ``None``."""
+    return "full" if len(frames) >= max_frames else "cap" if steps >= cap else None
+
+
+def _in_bounds(action: np.ndarray, space: gym.Space) -> np.ndarray:
+    """``action`` clipped to a ``Box`` space's bounds, in its dtype (any other space's as it is)."""
+    return np.clip(action, space.low, space.high).astype(space.dtype) if isinstance(space, gym.spaces.Box) else action

@@ -64,10 +64,12 @@ class QNetwork(nn.Module):
         return {"actions": torch.where(take_random, random_actions, greedy)}
 
 
-class SquashedGaussianActor(nn.Module):
-    """SAC's policy: a Gaussian squashed by tanh and scaled to the Box bounds."""
+class BoxActor(nn.Module):
+    """A policy over 1-D ``Box`` actions (SAC's and TD3's): ``encoder`` (a CNN by default for
+    images) then the MLP, a linear head of ``OUTPUTS_PER_DIM`` outputs per action dimension, and
+    the bounds' midpoint and half-width that map ``[-1, 1]`` to the env's actions."""
 
-    LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
+    OUTPUTS_PER_DIM, ALGORITHM = 1, "this policy"
 
     def __init__(
         self,
@@ -79,13 +81,11 @@ class SquashedGaussianActor(nn.Module):
     ) -> None:
         super().__init__()
         if not (isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1):
-            raise ValueError(f"unsupported action space {action_space}: SAC needs 1-D Box actions")
+            raise ValueError(f"unsupported action space {action_space}: {self.ALGORITHM} needs 1-D Box actions")
         self.observation_space = observation_space
-        dim = int(action_space.shape[0])
-        # ``encoder`` (a CNN by default for images) then the MLP
         self.encoder, out_dim, _ = trunk(observation_space, flat_obs_dim(observation_space), hiddens, activation,
                                          encoder)
-        self.head = Float32Linear(out_dim, 2 * dim)
+        self.head = Float32Linear(out_dim, self.OUTPUTS_PER_DIM * int(action_space.shape[0]))
         low, high = torch.as_tensor(action_space.low, dtype=torch.float32), torch.as_tensor(action_space.high)
         self.register_buffer("action_mid", (high.float() + low) / 2)
         self.register_buffer("action_half", (high.float() - low) / 2)
@@ -93,6 +93,13 @@ class SquashedGaussianActor(nn.Module):
     def normalize(self, actions: Tensor) -> Tensor:
         """Env actions -> ``[-1, 1]``."""
         return (actions - self.action_mid) / self.action_half
+
+
+class SquashedGaussianActor(BoxActor):
+    """SAC's policy: a Gaussian squashed by tanh and scaled to the Box bounds."""
+
+    LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
+    OUTPUTS_PER_DIM, ALGORITHM = 2, "SAC"  # a mean and a log std per action dimension
 
     def forward(
         self, obs: Tensor, deterministic: bool = False, generator: torch.Generator | None = None,
@@ -184,35 +191,14 @@ class OrnsteinUhlenbeckNoise:
                 self.states[shape] = state.masked_fill(torch.as_tensor(ended, device=state.device).unsqueeze(-1), 0.0)
 
 
-class DeterministicActor(nn.Module):
+class DeterministicActor(BoxActor):
     """TD3's and DDPG's policy: ``tanh(mu(s))``, in ``[-1, 1]``, scaled to the Box bounds.
 
     Exploring (``compute_actions(explore=True)``) adds ``action_noise`` in the ``[-1, 1]`` scale
     and clips there, as Stable-Baselines3 does: ``"normal"`` (``N(0, action_noise_sigma)`` per
     step), an ``OrnsteinUhlenbeckNoise`` or ``None``."""
 
-    def __init__(
-        self,
-        observation_space: gym.Space,
-        action_space: gym.Space,
-        hiddens: Sequence[int] = (256, 256),
-        activation: str = "relu",
-        encoder: EncoderSpec = None,
-    ) -> None:
-        super().__init__()
-        if not (isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1):
-            raise ValueError(f"unsupported action space {action_space}: TD3 needs 1-D Box actions")
-        self.observation_space = observation_space
-        self.encoder, out_dim, _ = trunk(observation_space, flat_obs_dim(observation_space), hiddens, activation,
-                                         encoder)
-        self.head = Float32Linear(out_dim, int(action_space.shape[0]))
-        low, high = torch.as_tensor(action_space.low, dtype=torch.float32), torch.as_tensor(action_space.high)
-        self.register_buffer("action_mid", (high.float() + low) / 2)
-        self.register_buffer("action_half", (high.float() - low) / 2)
-
-    def normalize(self, actions: Tensor) -> Tensor:
-        """Env actions -> ``[-1, 1]``."""
-        return (actions - self.action_mid) / self.action_half
+    OUTPUTS_PER_DIM, ALGORITHM = 1, "TD3"
 
     def forward(self, obs: Tensor) -> Tensor:
         """``[N, *obs_shape]`` -> ``[N, dim]`` actions in ``[-1, 1]``."""
