@@ -30,7 +30,7 @@ Columns of the table (one row per env x algorithm):
   evaluation). SB3: ``evaluate_policy(model, env, n_eval_episodes=10, deterministic=True)`` on a
   fresh ``DummyVecEnv``; for PPO wrapped in a ``VecNormalize`` carrying the trained observation
   statistics, frozen (``training=False``) and returning raw rewards (``norm_reward=False``).
-* ``ratio``: ours' mean over SB3's (target >= 0.9).
+* ``ratio``: ours' mean over SB3's (target >= 0.9); "—" where SB3's mean is not positive.
 * ``steps/s`` ours / SB3: env steps sampled divided by the wall time of ``trainer.fit`` /
   ``model.learn`` (mean over seeds); ours' fit includes dynamo's trace and inductor's compile of
   the update steps (a few seconds with a warm inductor cache, tens of seconds on a cold one).
@@ -333,7 +333,9 @@ def summarize(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 elif reference is not None and reference > 0 and value < COLLAPSE_FRACTION * reference:
                     flags.append(f"{side} s{seed} collapsed")
         row["flags"] = flags
-        row["return_ratio"] = ratio(row["ours"]["return_mean"], row["sb3"]["return_mean"])
+        # a ratio of returns says nothing where SB3's mean is not positive (-283 / -48 would read 5.9)
+        sb3_mean = row["sb3"]["return_mean"]
+        row["return_ratio"] = ratio(row["ours"]["return_mean"], sb3_mean) if sb3_mean and sb3_mean > 0 else None
         row["speed_ratio"] = ratio(row["ours"]["steps_per_s"], row["sb3"]["steps_per_s"])
         row["published_return"], row["published_source"] = published(algo, env, steps)
         row["return_target_met"] = None if row["return_ratio"] is None else row["return_ratio"] >= RATIO_TARGET

@@ -38,7 +38,8 @@ def test_mujoco_table_runs_both_sides_and_prints_its_figures_as_json_last():
             figures = row[side]
             assert figures["runs"] == 1 and figures["errors"] == [None], figures
             assert figures["steps_per_s"] > 0 and isinstance(figures["return_mean"], float)
-        assert row["return_ratio"] == pytest.approx(row["ours"]["return_mean"] / row["sb3"]["return_mean"])
+        sb3_mean = row["sb3"]["return_mean"]  # a ratio only where SB3's mean is positive
+        assert row["return_ratio"] == (pytest.approx(row["ours"]["return_mean"] / sb3_mean) if sb3_mean > 0 else None)
         assert row["speed_ratio"] == pytest.approx(row["ours"]["steps_per_s"] / row["sb3"]["steps_per_s"])
     runs = result["runs"]
     assert sorted((r["algo"], r["side"]) for r in runs) == sorted(
@@ -77,3 +78,22 @@ def test_a_run_dies_with_its_benchmark_process():
     while run_processes_left() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not run_processes_left()
+
+
+def test_the_return_ratio_is_left_out_where_sb3s_mean_is_not_positive(monkeypatch):
+    """-283 / -48 would read 5.9x: a ratio of returns is printed only where SB3's mean is above 0."""
+    import importlib.util
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # as a script, it imports learning.py beside it
+    spec = importlib.util.spec_from_file_location("cc_bench", ROOT / "benchmarks" / "continuous_control.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    def run(side, seed, ret):
+        return {"env": "HalfCheetah-v5", "algo": "sac", "steps": 20000, "side": side, "seed": seed,
+                "eval_mean": ret, "steps_per_s": 100.0, "error": None}
+
+    negative = bench.summarize([run("ours", 0, -433.0), run("sb3", 0, -48.0)])[0]
+    assert negative["return_ratio"] is None and negative["return_target_met"] is None
+    positive = bench.summarize([run("ours", 0, 90.0), run("sb3", 0, 100.0)])[0]
+    assert positive["return_ratio"] == pytest.approx(0.9) and positive["return_target_met"] is True
