@@ -242,7 +242,8 @@ def record(
             acting = Acting(model, **policy_kwargs)  # a recurrent policy's state starts fresh
             while not done:
                 if (stop := _stop(frames, max_frames, steps, cap)) is not None:
-                    truncated_gif, cut = stop == "full", cut + (stop == "cap")
+                    truncated_gif = stop == "full"
+                    cut += stop == "cap"
                     break
                 steps += 1
                 action = _in_bounds(acting.act(np.asarray(obs)[None])[0], space)
@@ -300,7 +301,8 @@ def _play_multi_agent(model: Algorithm, spec: Any, num_episodes: int, seed: int 
             total, steps = 0.0, 0
             while made.agents:
                 if (stop := _stop(frames, max_frames, steps, cap)) is not None:
-                    truncated_gif, cut = stop == "full", cut + (stop == "cap")
+                    truncated_gif = stop == "full"
+                    cut += stop == "cap"
                     break
                 steps += 1
                 actions = {}

@@ -263,3 +263,18 @@ def test_sampling_asks_the_module_for_actions_only_and_the_learner_computes_the_
         expected = advantages.reshape(-1)[fragment["valid"].reshape(-1)]
     torch.testing.assert_close(pb["advantages"], expected)
     dm.teardown("fit")
+
+
+def test_a_datamodule_made_by_hand_checks_the_settings_it_is_given():
+    """A DataModule takes the settings objects the algorithms are made of and runs their
+    declarations' checks: one line naming the setting, as the algorithm would say it."""
+    from lightning_rl.data import AsyncSamplingDataModule, LearnerQueue, SamplerWorkers
+
+    with pytest.raises(ValueError, match=r"^num_envs must be >= 1, got 0$"):
+        RolloutDataModule(EnvSettings("CartPole-v1", num_envs=0), rollout_fragment_length=8)
+    with pytest.raises(ValueError, match=r"^num_workers must be >= 0, got -1$"):
+        AsyncSamplingDataModule("CartPole-v1", 8, 64, SamplerWorkers(num_workers=-1))
+    with pytest.raises(ValueError, match=r"^max_policy_lag must be >= 0 or None, got -2$"):
+        AsyncSamplingDataModule("CartPole-v1", 8, 64, learner_queue=LearnerQueue(max_policy_lag=-2))
+    dm = RolloutDataModule("CartPole-v1", rollout_fragment_length=8)  # an env alone: the settings' defaults
+    assert dm.num_envs == EnvSettings().num_envs and dm.train_batch_size == 8 * dm.num_envs

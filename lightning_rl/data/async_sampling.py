@@ -200,8 +200,10 @@ class AsyncSamplingDataModule(EnvDataModule):
         return RolloutDataModule(self._local_settings(seed), self.rollout_fragment_length)
 
     def _local_settings(self, seed: int | None) -> EnvSettings:
-        """The env settings of the learner process's own sampler: this DataModule's, seeded ``seed``."""
-        return dataclasses.replace(self.settings, env=self.env, env_kwargs=None, seed=seed, iterations_per_epoch=1)
+        """The env settings of the learner process's own sampler: this DataModule's envs, seeded ``seed``
+        (``self.seed`` is the one ``setup`` may have taken since; each worker's is ``_worker_seed``'s)."""
+        return EnvSettings(self.env, num_envs=self.num_envs, vectorization=self.vectorization, seed=seed,
+                           iterations_per_epoch=1, check_finite=self.check_finite)
 
     def _sampler_factory(self) -> Callable[[int | None], Any]:
         """What makes a worker's sampler from a seed (picklable: the spawn start method): the

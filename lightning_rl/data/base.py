@@ -128,7 +128,6 @@ class EnvDataModule(pl.LightningDataModule):
     def __init__(self, env: EnvSettings | EnvSpec, sampling_device: str = "cpu") -> None:
         super().__init__()
         settings = env_settings(env)
-        self.settings = settings
         self.env = env_spec(settings.env, settings.env_kwargs, settings.vectorization)
         resolve_vectorization(self.env, settings.vectorization)
         self.num_envs = settings.num_envs
