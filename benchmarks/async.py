@@ -168,11 +168,12 @@ def ingest(env: str, num_envs: int, workers: int, seconds: float) -> dict[str, A
     """The learner's cost per fragment of ``env``'s IMPALA shape, per backend (see the module docstring)."""
     import functools
 
-    from lightning_rl.data.async_sampling import FragmentTask, _cpu_copy, _fragment_columns
+    from lightning_rl.data.async_sampling import _cpu_copy
     from lightning_rl.data.rollout import RolloutDataModule
     from lightning_rl.data.workers import PoolSpec
     from lightning_rl.data.workers.processes import ProcessPool
     from lightning_rl.data.workers.ray_actors import RayPool
+    from lightning_rl.data.workers.task import FragmentTask, _fragment_columns
 
     s = settings(IMPALA, env, num_envs)
     model = IMPALA(**s, num_workers=0, seed=0)

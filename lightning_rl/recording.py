@@ -1,11 +1,11 @@
-"""Watch a trained agent: greedy episodes rendered into an animated GIF, and checkpoint loading.
+"""Watch a trained agent: greedy episodes rendered into an animated GIF.
 
 ``record(model, "agent.gif")`` plays ``num_episodes`` greedy episodes on one env made with
 ``render_mode="rgb_array"`` and writes its frames as a GIF with Pillow (``pip install
 pillow``; classic-control envs such as CartPole and Pendulum render with pygame: ``pip
 install pygame-ce``, both in the ``plot`` extra). A multi-agent model plays its PettingZoo
-env, each agent acting with the policy ``policy_mapping_fn`` names for it. ``load_model(ckpt_path)`` gets the algorithm
-back from a Lightning checkpoint without being told its class.
+env, each agent acting with the policy ``policy_mapping_fn`` names for it. ``lightning-rl record`` plays
+a checkpoint (``loading.load_model``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import sys
 import warnings
 from collections.abc import Callable
 from functools import partial
-from os import PathLike
 from pathlib import Path
 from typing import Any
 
@@ -27,16 +26,15 @@ import numpy as np
 import torch
 
 from lightning_rl.algorithms.base import Algorithm
-from lightning_rl.checkpoint import algorithm_class, algorithm_names, read_checkpoint, resolve_algorithm
-from lightning_rl.data.envs import EnvSpec, GymMake, check_env, env_spaces, env_spec
+from lightning_rl.checkpoint import algorithm_names
+from lightning_rl.data.envs import EnvSpec, GymMake, check_env
 from lightning_rl.data.envs.spaces import flatten_env
 from lightning_rl.evaluation import env_step_limit, episode_step_cap, max_episode_steps_of, say_cut
 from lightning_rl.extras import missing_dependency
 from lightning_rl.inference import Acting
+from lightning_rl.loading import PathLikeStr, load_model
 
-__all__ = ["load_model", "main", "make_render_env", "make_render_parallel_env", "record"]
-
-PathLikeStr = str | PathLike[str]
+__all__ = ["main", "make_render_env", "make_render_parallel_env", "record"]
 
 
 # ----------------------------------------------------------------------------- envs
@@ -324,54 +322,15 @@ def _play_multi_agent(model: Algorithm, spec: Any, num_episodes: int, seed: int 
     return frames, returns, truncated_gif
 
 
-# ----------------------------------------------------------------------------- checkpoints
-def load_model(ckpt_path: PathLikeStr, algo: str | type[Algorithm] | None = None, **hparams: Any) -> Algorithm:
-    """Load a lightning_rl algorithm from a Lightning checkpoint (``trainer.save_checkpoint`` or
-    ``ModelCheckpoint``), on the CPU.
-
-    ``algo`` names the class (``"PPO"``, case-insensitive) or is the class itself; without it
-    the class is the one the checkpoint records, looked up among the algorithms defined in
-    this process (nothing is imported because a file names it). The file is read with
-    ``weights_only=True``. ``hparams`` override saved hyperparameters — needed for a callable
-    ``env``, which a checkpoint does not hold. Raises ``FileNotFoundError`` for a missing file
-    and ``CheckpointError`` (a ``ValueError``) for a file that is not a lightning_rl checkpoint
-    or names an unknown algorithm (both name it).
-    """
-    path = Path(ckpt_path)
-    if not path.is_file():
-        what = "is a directory, not a file" if path.is_dir() else "does not exist"
-        raise FileNotFoundError(f"checkpoint {str(path)!r} {what}")
-    if algo is not None and not isinstance(algo, str):
-        if not (inspect.isclass(algo) and issubclass(algo, Algorithm)):
-            raise TypeError(f"algo must be an algorithm name or an Algorithm subclass, got {algo!r}")
-    # The same safe reader as resuming: weights_only=True, errors that name the file.
-    checkpoint = read_checkpoint(path)
-    cls = resolve_algorithm(algo) if isinstance(algo, str) else algo or algorithm_class(checkpoint)
-    saved = checkpoint.get("hyper_parameters", {})
-    del checkpoint
-    try:
-        model = cls.load_from_checkpoint(path, map_location="cpu", weights_only=True, **hparams)
-    except RuntimeError as err:
-        if "size mismatch" not in str(err) or not {"env", "env_kwargs"} & set(hparams):
-            raise
-        raise ValueError(_spaces_mismatch(path, saved, hparams)) from None
-    model.eval()
-    return model
+def _stop(frames: list[np.ndarray], max_frames: int, steps: int, cap: int) -> str | None:
+    """Why a recorded episode stops before its end: ``"full"`` (the GIF has ``max_frames``),
+    ``"cap"`` (``cap`` steps played), else ``None``."""
+    return "full" if len(frames) >= max_frames else "cap" if steps >= cap else None
 
 
-def _spaces_mismatch(path: Path, saved: dict[str, Any], overrides: dict[str, Any]) -> str:
-    """Why a checkpoint's network does not fit the env given instead of its own: both envs' spaces."""
-    def spaces(env: Any, env_kwargs: Any) -> str:
-        try:
-            observation_space, action_space = env_spaces(env_spec(env, env_kwargs))
-        except Exception:  # a callable env the checkpoint kept only the name of, a multi-agent env ...
-            return "spaces unknown"
-        return " ".join(f"observation space {observation_space}, action space {action_space}".split())
-
-    trained = saved.get("env"), saved.get("env_kwargs")
-    given = overrides.get("env", trained[0]), overrides.get("env_kwargs", trained[1])
-    return (f"checkpoint {str(path)!r} was trained on env {trained[0]!r} ({spaces(*trained)}); its network does not "
-            f"fit env {given[0]!r} ({spaces(*given)})")
+def _in_bounds(action: np.ndarray, space: gym.Space) -> np.ndarray:
+    """``action`` clipped to a ``Box`` space's bounds, in its dtype (any other space's as it is)."""
+    return np.clip(action, space.low, space.high).astype(space.dtype) if isinstance(space, gym.spaces.Box) else action
 
 
 # ----------------------------------------------------------------------------- command line
@@ -438,13 +397,3 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     sys.exit(main())
 
-
-def _stop(frames: list[np.ndarray], max_frames: int, steps: int, cap: int) -> str | None:
-    """Why a recorded episode stops before its end: ``"full"`` (the GIF has ``max_frames``),
-    ``"cap"`` (``cap`` steps played), else ``None``."""
-    return "full" if len(frames) >= max_frames else "cap" if steps >= cap else None
-
-
-def _in_bounds(action: np.ndarray, space: gym.Space) -> np.ndarray:
-    """``action`` clipped to a ``Box`` space's bounds, in its dtype (any other space's as it is)."""
-    return np.clip(action, space.low, space.high).astype(space.dtype) if isinstance(space, gym.spaces.Box) else action

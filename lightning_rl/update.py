@@ -16,7 +16,7 @@ inputs is not captured); the step counts live on the GPU there for the same reas
 A non-finite loss cannot raise inside a compiled graph without a host sync per step, so the
 compiled step keeps an ``ok`` flag on the device: from the first non-finite loss on, the step
 leaves parameters and optimizer state untouched, and the learner reads the flag once per
-iteration (``check_updates``) and stops fit naming the term. The eager step raises
+iteration (``nonfinite.check_updates``) and stops fit naming the term. The eager step raises
 at once.
 
 Under DDP the compiled step is two graphs around one flat all-reduce of the gradients.
@@ -25,10 +25,9 @@ Under DDP the compiled step is two graphs around one flat all-reduce of the grad
 from __future__ import annotations
 
 import functools
-import math
 import types
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytorch_lightning as pl
@@ -36,6 +35,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_rl.distributed import FlatGradients, world_size
+from lightning_rl.nonfinite import NonFiniteLossError, flat_terms, nonfinite_error  # noqa: F401  (the error, importable here as in 0.1.0)
 
 # (params or None for the module's own, minibatch, scalars) -> (loss, aux results)
 LossFn = Callable[[dict[str, Tensor] | None, dict[str, Tensor], dict[str, Any]], tuple[Tensor, dict[str, Any]]]
@@ -174,7 +174,7 @@ class UpdateStep:
                           "it runs eagerly instead (same results, slower)")
                 self.compiled = False
         loss, aux = self.loss_fn(None, batch, scalars)
-        self._eager_step(loss, _flat_terms(aux, loss))
+        self._eager_step(loss, flat_terms(aux, loss))
         return aux
 
     def _eager_step(self, loss: Tensor, terms: dict[str, Tensor]) -> None:
@@ -380,49 +380,3 @@ class UpdateStep:
 def _targets(params: list[Tensor], steps: list[Tensor], states: list[list[Tensor]], ok: Tensor) -> list[Tensor]:
     """The tensors one step writes, in the order ``UpdateStep._new_values`` returns them."""
     return [*params, *steps, *(t for state in states for t in state), ok]
-
-
-def _flat_terms(aux: Mapping[str, Any], loss: Tensor) -> dict[str, Tensor]:
-    """The 0-dim tensors of ``aux`` (nested one level, as ``learner_stats``) by name, for errors."""
-    terms: dict[str, Tensor] = {}
-    for key, value in aux.items():
-        if isinstance(value, Mapping):
-            terms.update({k: v for k, v in value.items() if isinstance(v, Tensor) and v.dim() == 0})
-        elif isinstance(value, Tensor) and value.dim() == 0:
-            terms[key] = value
-    return terms or {"loss": loss}
-
-
-def nonfinite_terms(results: Mapping[str, Any]) -> list[str]:
-    """Names of the non-finite numbers in a (nested) learner-info dict."""
-    bad = []
-    for key, value in results.items():
-        if isinstance(value, Mapping):
-            bad += nonfinite_terms(value)
-        elif isinstance(value, float) and not math.isfinite(value):
-            bad.append(key)
-    return bad
-
-
-class NonFiniteLossError(FloatingPointError):
-    """A loss term became NaN or infinite; raised before the optimizer steps on it."""
-
-
-def nonfinite_error(owner: Any, detail: str, after: str = "") -> NonFiniteLossError:
-    """The error naming the iteration and env step of ``owner`` (an ``Algorithm``)."""
-    return NonFiniteLossError(
-        f"non-finite loss at iteration {owner.counters['num_iterations']} "
-        f"(env step {owner.global_counters['num_env_steps_sampled']}){detail}; the weights were not stepped{after}"
-    )
-
-
-def check_updates(steps: Iterable[UpdateStep], learner_info: Mapping[str, Any], owner: Any) -> None:
-    """Stop fit if a compiled step met a non-finite loss this iteration (one host read of the
-    steps' flags per iteration; the eager step raises at once)."""
-    steps = [s for s in steps if s.ok is not None]
-    if not steps or bool(torch.stack([s.ok for s in steps]).all()):
-        return
-    bad = nonfinite_terms(learner_info)
-    bad = [n for n in bad if n != "total_loss"] or bad
-    raise nonfinite_error(owner, " in the " + ", ".join(repr(s.name) for s in steps if not s.ok) + " update"
-                          + (f": {', '.join(bad)}" if bad else ""), " from that minibatch on")

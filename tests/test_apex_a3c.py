@@ -20,8 +20,8 @@ from lightning_rl import A2C, A3C, APEX, RLModule, evaluate
 from lightning_rl.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
 from lightning_rl.data.async_gradients import GRADS
 from lightning_rl.data.async_replay import ApexDataModule, td_errors, worker_epsilons
-from lightning_rl.data.async_sampling import POLICY_VERSION
 from lightning_rl.data.buffers.replay_buffer import TransitionReplayBuffer
+from lightning_rl.data.learner_queue import POLICY_VERSION
 from lightning_rl.learner_info import LEARNER_STATS_KEY, LearnerInfoBuilder
 from tests.conftest import quiet_trainer
 from tests.test_async import children, no_process_left, started  # noqa: F401  (no_process_left: the fixture)

@@ -13,10 +13,12 @@ import pytest
 import torch
 
 from lightning_rl import IMPALA, AsyncSamplingDataModule
-from lightning_rl.data.async_sampling import BOOTSTRAP_OBS, POLICY_VERSION, VALID, MinibatchBuffer
+from lightning_rl.batch import SampleBatch
+from lightning_rl.data.learner_queue import POLICY_VERSION, VALID, MinibatchBuffer
 from tests.conftest import fit_iterations, quiet_trainer
 from tests.test_env_faults import live_pids
 
+BOOTSTRAP_OBS = SampleBatch.BOOTSTRAP_OBS
 pytestmark = pytest.mark.timeout(120)
 
 

@@ -14,7 +14,7 @@ from torch import nn
 
 from lightning_rl import A3C, APPO, DQN, IMPALA, PPO
 from lightning_rl.data.async_gradients import GradientTask
-from lightning_rl.data.async_sampling import POLICY_VERSION
+from lightning_rl.data.learner_queue import POLICY_VERSION
 from tests.test_async import no_process_left, started  # noqa: F401  (no_process_left: the fixture)
 
 pytestmark = pytest.mark.timeout(120)

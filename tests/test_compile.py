@@ -14,7 +14,7 @@ import torch
 import torch._dynamo.utils as dynamo_utils
 
 from lightning_rl import A2C, DQN, PPO, SAC, TD3
-from lightning_rl.update import NonFiniteLossError
+from lightning_rl.nonfinite import NonFiniteLossError
 from tests.conftest import quiet_trainer
 from tests.space_envs import CueMatch, binary_cue_match
 from tests.test_non_finite import SMALL_PPO, bad_env

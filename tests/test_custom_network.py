@@ -18,8 +18,8 @@ from PIL import Image
 from torch import nn
 
 from lightning_rl import A2C, A3C, APPO, IMPALA, PPO
+from lightning_rl.loading import load_model
 from lightning_rl.nn.encoders import resolve_activation
-from lightning_rl.recording import load_model
 from tests.conftest import fit_in_halves, quiet_trainer
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lightning_rl import APPO, IMPALA, evaluate
-from lightning_rl.data.async_sampling import POLICY_VERSION
+from lightning_rl.data.learner_queue import POLICY_VERSION
 from tests.conftest import fit_in_halves, fit_iterations, quiet_trainer
 from tests.test_async import no_process_left  # noqa: F401  (the fixture: no sampler process outlives a test)
 

@@ -10,7 +10,7 @@ import torch
 from pytorch_lightning.callbacks import ModelCheckpoint
 
 from lightning_rl import A2C, DQN, PPO
-from lightning_rl.update import NonFiniteLossError
+from lightning_rl.nonfinite import NonFiniteLossError
 from tests.conftest import fit_iterations, quiet_trainer
 
 

@@ -136,7 +136,7 @@ def test_a_worker_slot_holds_uint8_frames():
                    train_batch_size=16)
     dm = model.default_datamodule
     dm.connect(model)
-    from lightning_rl.data.async_sampling import _fragment_columns
+    from lightning_rl.data.workers.task import _fragment_columns
     columns = _fragment_columns(model.policies["default_policy"], dm)
     assert columns[SampleBatch.OBS] == ((8, 2, 16, 16, 1), torch.uint8)
 

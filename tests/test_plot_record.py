@@ -15,8 +15,9 @@ import torch
 from pytorch_lightning.loggers import CSVLogger, TensorBoardLogger
 
 from lightning_rl import A2C, PPO, plotting, recording
+from lightning_rl.loading import load_model
 from lightning_rl.plotting import collect_curves, find_runs, load_curve, plot_curves
-from lightning_rl.recording import load_model, record
+from lightning_rl.recording import record
 from tests.conftest import quiet_trainer
 
 RETURN = "rollout/episode_return_mean"

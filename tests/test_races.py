@@ -15,7 +15,8 @@ import torch
 
 from lightning_rl.batch import MultiAgentBatch, SampleBatch
 from lightning_rl.data.async_gradients import A3CDataModule
-from lightning_rl.data.async_sampling import POLICY_VERSION, AsyncSamplingDataModule
+from lightning_rl.data.async_sampling import AsyncSamplingDataModule
+from lightning_rl.data.learner_queue import POLICY_VERSION
 from lightning_rl.data.settings import EnvSettings, LearnerQueue, SamplerWorkers
 from lightning_rl.data.workers import PoolSpec
 from lightning_rl.data.workers.processes import ProcessPool

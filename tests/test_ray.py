@@ -22,7 +22,7 @@ import ray
 import torch
 
 from lightning_rl import A3C, APEX, APPO, IMPALA
-from lightning_rl.data.async_sampling import POLICY_VERSION
+from lightning_rl.data.learner_queue import POLICY_VERSION
 from tests.conftest import ddp_subprocess_env, default_sigint, quiet_trainer, ray_temp_dir
 from tests.image_envs import BrightSide, stacked_bright_side
 from tests.ray_worker import descendants

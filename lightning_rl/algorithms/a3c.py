@@ -14,9 +14,9 @@ from lightning_rl.batch import DEFAULT_POLICY_ID, MultiAgentBatch
 from lightning_rl.data.async_gradients import GRADS, A3CDataModule
 from lightning_rl.learner_info import LEARNER_STATS_KEY, LearnerInfoBuilder
 from lightning_rl.nn.models import ActorCritic
+from lightning_rl.nonfinite import NonFiniteLossError
 from lightning_rl.policies import PolicyMapping
 from lightning_rl.settings import group_of, one_of, setting, settings
-from lightning_rl.update import NonFiniteLossError
 
 
 @settings

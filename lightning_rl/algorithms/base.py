@@ -43,6 +43,7 @@ from lightning_rl.evaluation import EpisodeEnds, EvaluationHooks
 from lightning_rl.functional import piecewise_linear
 from lightning_rl.inference import ActionAPI
 from lightning_rl.learner_info import LazyLearnerInfo, LearnerInfoBuilder
+from lightning_rl.nonfinite import check_updates
 from lightning_rl.policies import Policies
 from lightning_rl.process import ProcessSettings
 from lightning_rl.settings import (
@@ -54,7 +55,7 @@ from lightning_rl.settings import (
     resolve_schedule,
     settings,
 )
-from lightning_rl.update import LossFn, UpdateStep, check_updates
+from lightning_rl.update import LossFn, UpdateStep
 
 
 def _of_policies(name: str, doc: str) -> property:

@@ -17,9 +17,10 @@ import torch
 from torch import nn
 
 from lightning_rl.batch import MultiAgentBatch, SampleBatch
-from lightning_rl.data.async_sampling import POLICY_VERSION, AsyncSamplingDataModule
+from lightning_rl.data.async_sampling import AsyncSamplingDataModule
 from lightning_rl.data.base import env_settings
 from lightning_rl.data.envs.make import EnvSpec
+from lightning_rl.data.learner_queue import POLICY_VERSION
 from lightning_rl.data.rollout import RolloutDataModule
 from lightning_rl.data.samplers.engine import eval_mode, train_mode
 from lightning_rl.data.settings import EnvSettings, LearnerQueue, SamplerWorkers

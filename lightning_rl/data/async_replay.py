@@ -20,7 +20,7 @@ from torch import nn
 
 from lightning_rl.batch import MultiAgentBatch, SampleBatch
 from lightning_rl.checkpoint_data import pack_rank_states, unpack_rank_state
-from lightning_rl.data.async_sampling import POLICY_VERSION, AsyncSamplingDataModule
+from lightning_rl.data.async_sampling import AsyncSamplingDataModule
 from lightning_rl.data.base import env_settings, rank_seed
 from lightning_rl.data.buffers.frames import check_frame_stack_setting, frame_stack_problem, use_frame_storage
 from lightning_rl.data.buffers.packed_frames import (
@@ -38,6 +38,7 @@ from lightning_rl.data.buffers.sum_tree import ProportionalPriorities
 from lightning_rl.data.buffers.transitions import NStepWindows, TransitionReplayBuffer
 from lightning_rl.data.envs.make import EnvSpec
 from lightning_rl.data.envs.vector import make_vector_env
+from lightning_rl.data.learner_queue import POLICY_VERSION
 from lightning_rl.data.rollout import RolloutDataModule
 from lightning_rl.data.settings import EnvSettings, LearnerQueue, ReplaySettings, SamplerWorkers
 from lightning_rl.data.workers import Fragment

@@ -52,52 +52,26 @@ from typing import Any
 import torch
 from torch import nn
 
-from lightning_rl.batch import BOOTSTRAP, DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
+from lightning_rl.batch import DEFAULT_POLICY_ID, MultiAgentBatch
 from lightning_rl.data.base import EnvDataModule, env_settings, rank_seed
 from lightning_rl.data.envs.make import EnvSpec
 from lightning_rl.data.envs.vector import make_vector_env
+from lightning_rl.data.learner_queue import LearnerQueueLoading, MinibatchBuffer
 from lightning_rl.data.multi_agent import MultiAgentEnvDataModule
 from lightning_rl.data.rollout import RolloutDataModule
 from lightning_rl.data.samplers.engine import ExploringPolicy
-from lightning_rl.data.samplers.multi_agent import MultiAgentFragmentSampler, split_policy_columns
-from lightning_rl.data.settings import EnvSettings, LearnerQueue, SamplerWorkers
-from lightning_rl.data.workers import BACKENDS, Fragment, PoolSpec, WorkerPool, sample_fragment
+from lightning_rl.data.samplers.multi_agent import MultiAgentFragmentSampler
+from lightning_rl.data.settings import EnvSettings, LearnerQueue, SamplerWorkers, check_backend
+from lightning_rl.data.workers import Fragment, PoolSpec, WorkerPool, sample_fragment
 from lightning_rl.data.workers.processes import ProcessPool
-from lightning_rl.data.workers.task import FragmentTask, _fragment_columns  # noqa: F401  (importable from here)
+from lightning_rl.data.workers.task import FragmentTask
 from lightning_rl.data.workers.worker import _open_multi_agent_sampler, _open_sampler
 from lightning_rl.settings import check_group
 
 __all__ = ["AsyncSamplingDataModule", "MinibatchBuffer"]
 
-BOOTSTRAP_OBS, VALID = SampleBatch.BOOTSTRAP_OBS, SampleBatch.VALID
-POLICY_VERSION = "policy_version"
-_POLL_S = 0.05  # how often a blocked learner looks at the world (stop, deaths)
 
-
-class MinibatchBuffer:
-    """Hands out ``size`` batches round robin, each exactly ``num_passes`` times, then replaces it
-    with the next from ``source`` (the reference's ``MinibatchBuffer``): with ``num_passes`` > 1
-    the learner trains on a batch again rather than waiting for a new one."""
-
-    def __init__(self, source: Callable[[], Any], size: int, num_passes: int) -> None:
-        self.source, self.size, self.num_passes = source, size, num_passes
-        self.batches: list[Any] = [None] * size
-        self.ttl = [0] * size
-        self.index = 0
-
-    def get(self) -> tuple[Any, bool]:
-        """``(batch, new)``: ``new`` on the first of its ``num_passes`` hand-outs."""
-        i = self.index
-        new = self.ttl[i] == 0
-        if new:
-            self.batches[i] = None  # let the old one go before waiting for the next
-            self.batches[i], self.ttl[i] = self.source(), self.num_passes
-        self.ttl[i] -= 1
-        self.index = (i + 1) % self.size
-        return self.batches[i], new
-
-
-class AsyncSamplingDataModule(EnvDataModule):
+class AsyncSamplingDataModule(LearnerQueueLoading, EnvDataModule):
     """Sampler workers feeding the learner time-major batches (see the module docstring).
 
     Args:
@@ -145,8 +119,7 @@ class AsyncSamplingDataModule(EnvDataModule):
                                 num_sgd_iter=num_sgd_iter, minibatch_buffer_size=minibatch_buffer_size).items():
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
-        check_backend(workers.sampler_backend, workers.ray_address, workers.num_cpus_per_worker,
-                      workers.custom_resources_per_worker, workers.num_workers)
+        check_backend(workers)
         self.sampler_backend, self.ray_address = workers.sampler_backend, workers.ray_address
         self.num_cpus_per_worker = workers.num_cpus_per_worker
         self.custom_resources_per_worker = workers.custom_resources_per_worker
@@ -309,33 +282,6 @@ class AsyncSamplingDataModule(EnvDataModule):
                               "policy_lag_max": float(lag.max())}
         return batch
 
-    def _next_batch(self) -> MultiAgentBatch:
-        if self.num_workers == 0:
-            return self._sample_here()
-        start = time.perf_counter()
-        deadline = time.monotonic() + self.sampler_timeout_s
-        while True:
-            if self._error is not None:
-                raise self._error
-            try:
-                batch = self._ready.get(timeout=_POLL_S)
-            except queue.Empty:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"no batch from the {self.num_workers} sampler workers within sampler_timeout_s="
-                        f"{self.sampler_timeout_s:g} s ({self.pool.describe()})"
-                    ) from None
-                continue
-            if not self._too_old(int(self._batch_versions(batch).min())):
-                break
-            self._count("num_fragments_dropped", self.fragments_per_batch)  # loaded before the learner moved on
-        batch.info["perf"]["learner_wait_ms"] = 1000.0 * (time.perf_counter() - start)
-        return batch
-
-    def _batch_versions(self, batch: MultiAgentBatch) -> torch.Tensor:
-        """The policy versions of a batch's fragments (per column)."""
-        return torch.cat([b[POLICY_VERSION] for b in batch.policy_batches.values()])
-
     def maybe_broadcast(self) -> None:
         """Write the learner's weights for the workers when ``broadcast_interval`` iterations passed."""
         module = self.module
@@ -362,93 +308,10 @@ class AsyncSamplingDataModule(EnvDataModule):
         info["sample_time_s"] = time.perf_counter() - start
         return self._assemble(fragments, info, {"learner_wait_ms": 1000.0 * info["sample_time_s"]})
 
-    def _assemble(self, fragments: list[Fragment], info: dict[str, Any], perf: dict[str, float]) -> MultiAgentBatch:
-        """Fragments side by side along the env axis: ``[T, B]`` columns."""
-        cols = {}
-        for key in fragments[0].tensors:
-            dim = 0 if key.rsplit("/", 1)[-1].startswith(BOOTSTRAP) else 1  # [B] columns, [T, B] columns
-            cols[key] = torch.cat([f.tensors[key] for f in fragments], dim=dim)
-        by_policy = split_policy_columns(cols) if self.multi_agent else {self.policy_id: cols}
-        batches = {}
-        for pid, policy_cols in by_policy.items():
-            columns = policy_cols[VALID].shape[1] // len(fragments)  # env columns (or agent columns) per fragment
-            policy_cols[POLICY_VERSION] = torch.cat(
-                [torch.full((columns,), f.version, dtype=torch.int64) for f in fragments])
-            batches[pid] = SampleBatch(policy_cols)  # time-major: [T, B] columns, and [B] ones (bootstrap_obs, ...)
-        info["perf"] = perf
-        info["agent_steps_sampled"] = (sum(f.extra["agent_steps"] for f in fragments) if self.multi_agent
-                                       else self.train_batch_size)
-        return MultiAgentBatch(batches, env_steps=self.train_batch_size, info=info)
-
-    def _load_loop(self) -> None:
-        """The loader thread: fragments -> batches, worker deaths -> errors or restarts."""
-        try:
-            waiting: list[Fragment] = []  # the learner queue
-            returns: list[float] = []
-            lengths: list[int] = []
-            sample_s, load_wait = 0.0, 0.0
-            per_worker_steps = [0] * self.num_workers
-            started = time.perf_counter()
-            # The learner queue holds at most this many fragments; beyond it fragments stay with
-            # the workers, which then wait for their credits: the policy lag stays bounded.
-            capacity = max(self.learner_queue_size, self.fragments_per_batch)
-            while not self._closing.is_set():
-                wait_start = time.perf_counter()
-                received = self.pool.receive(capacity - len(waiting), timeout=_POLL_S)
-                load_wait += time.perf_counter() - wait_start
-                for fragment, seconds, episodes in received:
-                    self.on_episodes(fragment.index, episodes)
-                    returns += episodes["episode_returns"]
-                    lengths += episodes["episode_lengths"]
-                    sample_s += seconds
-                    per_worker_steps[fragment.index] += self.num_envs * self.rollout_fragment_length
-                    if self._too_old(fragment.version):
-                        self._count("num_fragments_dropped", 1)
-                    else:
-                        waiting.append(fragment)
-                while len(waiting) >= self.fragments_per_batch and not self._closing.is_set():
-                    elapsed = max(time.perf_counter() - started, 1e-9)
-                    fragments, waiting = waiting[: self.fragments_per_batch], waiting[self.fragments_per_batch:]
-                    perf = {
-                        "learner_queue_size": float(len(waiting)),
-                        "load_wait_ms": 1000.0 * load_wait,
-                        **{f"worker_{i}_env_steps_per_s": n / elapsed for i, n in enumerate(per_worker_steps)},
-                        "num_worker_restarts": float(self.counters["num_worker_restarts"]),
-                        "num_fragments_dropped": float(self.counters["num_fragments_dropped"]),
-                    }
-                    info = {"episode_returns": returns, "episode_lengths": lengths, "sample_time_s": sample_s}
-                    batch = self._assemble(fragments, info, perf)
-                    if self.module.device.type == "cuda":
-                        batch = batch.to(self.module.device)
-                    returns, lengths, sample_s, load_wait = [], [], 0.0, 0.0
-                    self._hand_over(batch)
-        except BaseException as err:  # handed to the learner's next pull
-            self._error = err
-
     def release(self, index: int, slot: Any, incarnation: int | None = None) -> None:
         """Hand worker ``index`` back the credit of a fragment it sent (``hold_slots``: its slot,
         ``fragment.extra["slot"]``); not if the worker was restarted since ``incarnation``."""
         self.pool.release(index, slot, incarnation)
-
-    def _count(self, name: str, n: int) -> None:
-        """Add ``n`` to a counter (``+=`` on a dict entry is a read then a write: two threads count)."""
-        with self._counters_lock:
-            self.counters[name] += n
-
-    def on_episodes(self, index: int, episodes: dict[str, list]) -> None:
-        """Hook (loader thread): worker ``index`` finished these episodes."""
-
-    def _too_old(self, version: int) -> bool:
-        lag = int(self.module.counters["num_iterations"]) - version
-        return self.max_policy_lag is not None and lag > self.max_policy_lag
-
-    def _hand_over(self, batch: MultiAgentBatch) -> None:
-        while not self._closing.is_set():
-            try:
-                self._ready.put(batch, timeout=_POLL_S)
-                return
-            except queue.Full:
-                self.pool.check()
 
     # ------------------------------------------------------------ shutdown
     def close(self, terminate: bool = False) -> None:
@@ -479,25 +342,3 @@ class AsyncSamplingDataModule(EnvDataModule):
 
 def _cpu_copy(policy: nn.Module) -> nn.Module:
     return copy.deepcopy(policy).cpu().eval()
-
-
-def check_backend(backend: str, address: str | None, num_cpus: float | None, resources: dict[str, float] | None,
-                  num_workers: int) -> None:
-    """The sampler backend's settings: Ray's only with ``"ray"``, and Ray installed for it."""
-    if backend not in BACKENDS:
-        raise ValueError(f"sampler_backend must be one of {BACKENDS}, got {backend!r}")
-    if backend != "ray":
-        given = [n for n, v in (("ray_address", address), ("num_cpus_per_worker", num_cpus),
-                                ("custom_resources_per_worker", resources)) if v is not None]
-        if given:
-            raise ValueError(f"{', '.join(given)} apply to Ray actors: pass sampler_backend='ray'")
-        return
-    if num_cpus is not None and num_cpus < 0:
-        raise ValueError(f"num_cpus_per_worker must be >= 0, got {num_cpus}")
-    if resources is not None and any(not isinstance(v, int | float) or v < 0 for v in resources.values()):
-        raise ValueError(f"custom_resources_per_worker must map resource names to amounts >= 0, got {resources}")
-    if num_workers:
-        from lightning_rl.data.workers.ray_actors import RAY_EXTRA, ray_installed
-
-        if not ray_installed():
-            raise ImportError(RAY_EXTRA)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from lightning_rl.data.envs import EnvSpec
+from lightning_rl.data.workers.pool import BACKENDS
 from lightning_rl.settings import at_least, positive, setting, settings
 
 
@@ -79,6 +80,29 @@ class SamplerWorkers:
     """CPUs each Ray actor asks for (``sampler_backend='ray'``; ``None``: 1)."""
     custom_resources_per_worker: dict[str, float] | None = setting(default=None, resumable=True)
     """custom Ray resources each actor asks for, e.g. ``{'cpu_node': 1}`` (pins workers)."""
+
+
+def check_backend(workers: SamplerWorkers) -> None:
+    """The sampler backend's settings: Ray's only with ``"ray"``, and Ray installed for it."""
+    backend, num_cpus = workers.sampler_backend, workers.num_cpus_per_worker
+    resources = workers.custom_resources_per_worker
+    if backend not in BACKENDS:
+        raise ValueError(f"sampler_backend must be one of {BACKENDS}, got {backend!r}")
+    if backend != "ray":
+        given = [n for n, v in (("ray_address", workers.ray_address), ("num_cpus_per_worker", num_cpus),
+                                ("custom_resources_per_worker", resources)) if v is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)} apply to Ray actors: pass sampler_backend='ray'")
+        return
+    if num_cpus is not None and num_cpus < 0:
+        raise ValueError(f"num_cpus_per_worker must be >= 0, got {num_cpus}")
+    if resources is not None and any(not isinstance(v, int | float) or v < 0 for v in resources.values()):
+        raise ValueError(f"custom_resources_per_worker must map resource names to amounts >= 0, got {resources}")
+    if workers.num_workers:
+        from lightning_rl.data.workers.ray_actors import RAY_EXTRA, ray_installed
+
+        if not ray_installed():
+            raise ImportError(RAY_EXTRA)
 
 
 @settings

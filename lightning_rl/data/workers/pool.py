@@ -2,7 +2,7 @@
 workers, whatever transport connects them (``processes.py``: child processes and shared memory;
 ``ray_actors.py``: Ray actors and the object store). Each worker runs a ``SamplerWorker``
 (``worker.py``); the DataModule (``async_sampling.py``) keeps the learner queue, the policy lag
-and the batches, the same for every backend."""
+and the batches (``learner_queue.py``), the same for every backend."""
 
 from __future__ import annotations
 
