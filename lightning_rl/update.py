@@ -42,6 +42,20 @@ LossFn = Callable[[dict[str, Tensor] | None, dict[str, Tensor], dict[str, Any]],
 
 _warned: set[str] = set()
 
+# The compiled steps' code objects by (method, step name) (``UpdateStep._own_code``).
+_SHARED_CODE: dict[tuple[Callable[..., Any], str], list[types.CodeType]] = {}
+_GRAPHS_PER_CODE = 4  # compiled graphs a shared code object may hold (dynamo's recompile limit is 8)
+
+
+def _graphs_of(code: types.CodeType) -> int:
+    """Compiled graphs dynamo holds for ``code``; ``_GRAPHS_PER_CODE`` where it cannot tell."""
+    try:
+        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+        return len(_debug_get_cache_entry_list(code))
+    except Exception:  # a torch without this (private) reader
+        return _GRAPHS_PER_CODE
+
 
 def call(module: nn.Module, params: Mapping[str, Tensor] | None, *args: Any, **kwargs: Any) -> Any:
     """``module(*args, **kwargs)``, with ``params`` (names as in ``module.named_parameters()``)
@@ -258,11 +272,20 @@ class UpdateStep:
         self._built = True
 
     def _own_code(self, method: Any) -> Any:
-        """``method`` bound to this step with a code object of its own: dynamo caches compiled
-        graphs per code object, so steps sharing one (SAC's three, one per policy) would count
-        as recompiles of each other and share one cache-size limit."""
+        """``method`` bound to this step with a code object named after the step. Dynamo caches
+        compiled graphs per code object: steps of one name share one, so a second model of the
+        same algorithm in a process (a sweep's trials, a notebook's reruns) reuses the first one's
+        graphs where their guards hold instead of tracing again; steps of other names (SAC's
+        three, one per policy) do not count as recompiles of each other. A shared code object
+        takes at most ``_GRAPHS_PER_CODE`` graphs (other settings or shapes recompile), then
+        steps get a fresh one: no step meets dynamo's recompile limit and falls back to eager."""
         fn = method.__func__
-        code = fn.__code__.replace(co_name=f"{fn.__name__}_{self.name.replace('/', '_')}")
+        variants = _SHARED_CODE.setdefault((fn, self.name), [])
+        code = next((c for c in variants if _graphs_of(c) < _GRAPHS_PER_CODE), None)
+        if code is None:
+            code = fn.__code__.replace(co_name=f"{fn.__name__}_{self.name.replace('/', '_')}")
+            if _graphs_of(code) == 0:  # (unknown where dynamo's cache cannot be read: not shared)
+                variants.append(code)
         own = types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
         return types.MethodType(own, self)
 

@@ -76,6 +76,49 @@ def test_compiled_update_matches_eager_and_compiles_each_graph_once(name):
         torch.testing.assert_close(b, a, rtol=1e-3, atol=1e-5)
 
 
+def test_models_of_one_process_share_compiled_steps_and_keep_their_own_values(monkeypatch):
+    """A second model of the same settings reuses the first one's compiled graph (no new trace:
+    a sweep's trials, a notebook's reruns); one of other settings gets a graph of its own on the
+    same code object, up to ``_GRAPHS_PER_CODE``, then a fresh code object. Every model trains on
+    its own values: B after A (another seed, ``vf_loss_coeff``, ``entropy_coeff``) ends bit-equal
+    to B first, and A after B bit-equal to A alone (update.UpdateStep._own_code)."""
+    from lightning_rl import update
+
+    cls, kwargs = CONFIGS["a2c"]
+
+    def trained(**extra) -> list[torch.Tensor]:
+        model = cls(compile=True, **{**kwargs, **extra})
+        fit(model)
+        assert all(step.compiled for step in model._update_steps.values())
+        return [p.detach().clone() for p in model.parameters()]
+
+    def fresh() -> None:
+        torch.compiler.reset()
+        update._SHARED_CODE.clear()
+
+    b_settings, a_settings = dict(seed=0), dict(seed=1, vf_loss_coeff=0.25, entropy_coeff=0.05)
+    fresh()
+    a_alone = trained(**a_settings)
+    fresh()
+    b_first = trained(**b_settings)
+    graphs = dynamo_utils.counters["stats"]["unique_graphs"]
+    b_again = trained(**b_settings)
+    assert dynamo_utils.counters["stats"]["unique_graphs"] == graphs  # reused, not traced again
+    a_after = trained(**a_settings)
+    b_last = trained(**b_settings)
+    assert [len(codes) for codes in update._SHARED_CODE.values()] == [1]
+    for first, *others in zip(b_first, b_again, b_last, strict=True):
+        assert all(torch.equal(first, other) for other in others)
+    assert all(torch.equal(x, y) for x, y in zip(a_alone, a_after, strict=True))
+    assert not all(torch.equal(x, y) for x, y in zip(a_after, b_first, strict=True))
+
+    fresh()
+    monkeypatch.setattr(update, "_GRAPHS_PER_CODE", 1)
+    trained(**b_settings)
+    assert torch.equal(trained(**a_settings)[0], a_alone[0])
+    assert [len(codes) for codes in update._SHARED_CODE.values()] == [2]  # the full one left for a fresh one
+
+
 def test_compiled_resume_is_exact(tmp_path):
     """Stop after 10 iterations, resume to 20: the same weights as 20 uninterrupted compiled iterations."""
     cls, kwargs = CONFIGS["ppo"]
