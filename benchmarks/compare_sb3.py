@@ -18,10 +18,13 @@ rl-baselines3-zoo hyperparameters:
   automatic entropy tuning from alpha 1.0 towards target entropy -dim(A), MLP [256, 256] ReLU;
   20k env steps.
 
-``--compile off,on`` (the default) runs ours eagerly and with ``compile=True`` (labels ``+c``);
-each compiled run's fit includes its compile: dynamo's trace of each update step and
-inductor's code, which after the first run of a process comes from inductor's on-disk cache
-(the warm-up run pays the first compile and prints its time).
+``--compile off,on`` (the default) runs ours eagerly and with ``compile=True`` (labels ``+c``).
+In one process the warm-up run pays the first compile (dynamo's trace of each update step,
+inductor's code from its on-disk cache or built) and prints its time; later fits of the same
+settings reuse its graphs (``update.UpdateStep._own_code``), as a sweep's trials do.
+``--process-per-fit`` runs every fit, SB3's too, in a fresh Python process of its own instead:
+each fit then pays imports' first calls and the whole compile (inductor's disk cache warmed by
+the warm-up process), as a user's single run does.
 
 Before the timed runs each implementation trains briefly untimed (``--no-warmup`` skips this:
 two iterations for PPO/A2C; for DQN and SAC until a little past ``learning_starts`` so that
@@ -85,6 +88,7 @@ Usage::
     python benchmarks/compare_sb3.py --algos dqn,sac --seeds 2         # the off-policy pair
     python benchmarks/compare_sb3.py --algos all                       # all four (long)
     python benchmarks/compare_sb3.py --seeds 1 --steps-scale 0.2      # quick smoke check
+    python benchmarks/compare_sb3.py --algos a2c --a2c-steps 100000 --process-per-fit   # a user's single run
 
 ``--algos`` defaults to ``ppo,a2c`` (the long-standing default; ``all`` runs all four).
 
@@ -102,6 +106,7 @@ import math
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 import warnings
@@ -486,7 +491,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="comma-separated compile settings of ours: off and/or on (default both)")
     p.add_argument("--no-sb3", action="store_true", help="run only ours (profiling)")
     p.add_argument("--no-warmup", action="store_true", help="skip the untimed short run of each impl")
+    p.add_argument("--process-per-fit", action="store_true",
+                   help="every fit (warm-up and timed) in a fresh Python process, as a user's single run pays it")
+    p.add_argument("--run-one", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.run_one is not None:
+        return args
     args.algos = [a.strip().lower() for a in args.algos.split(",") if a.strip()]
     if args.algos == ["all"]:
         args.algos = list(ALGOS)
@@ -503,9 +513,33 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def run_job(algo: str, seed: int, steps: int, job: tuple[str, bool] | None, threads: int, final_eval: bool,
+            process_per_fit: bool) -> RunResult:
+    """One fit, SB3's (``job`` None) or ours (vectorization, compile); with ``process_per_fit`` in
+    a fresh Python process of this script (``--run-one``), its result read back as JSON."""
+    if not process_per_fit:
+        torch.set_num_threads(threads)
+        if job is None:
+            return run_sb3(algo, seed, steps, threads, final_eval=final_eval)
+        return run_ours(algo, seed, steps, job[0], threads, final_eval=final_eval, compile=job[1])
+    spec = json.dumps({"algo": algo, "seed": seed, "steps": steps, "job": job, "threads": threads,
+                       "final_eval": final_eval})
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--run-one", spec], capture_output=True,
+                          text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{algo} {job} seed {seed} failed in its process:\n{proc.stderr[-3000:]}")
+    return RunResult(**json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     silence()
+    if args.run_one is not None:  # a child of --process-per-fit: one fit, its result as the last line
+        spec = json.loads(args.run_one)
+        job = None if spec["job"] is None else tuple(spec["job"])
+        result = run_job(spec["algo"], spec["seed"], spec["steps"], job, spec["threads"], spec["final_eval"], False)
+        print(json.dumps(asdict(result)), flush=True)
+        return
     torch.set_num_threads(args.threads)
     budgets = {"ppo": args.ppo_steps, "a2c": args.a2c_steps, "dqn": args.dqn_steps, "sac": args.sac_steps}
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
@@ -521,6 +555,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "seeds": args.seeds,
         "threads": args.threads,
         "steps_scale": args.steps_scale,
+        "process_per_fit": args.process_per_fit,
         "load_avg_start": list(load) if load else None,
         "algos": {},
     }
@@ -535,23 +570,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         jobs: list[tuple[str, bool] | None] = [*ours, *([] if args.no_sb3 else [None])]
         if not args.no_warmup:  # untimed: lazy imports and first-call set-up of each implementation
             for job in jobs:
-                torch.set_num_threads(args.threads)
                 start = time.perf_counter()
-                if job is None:
-                    run_sb3(algo, 0, WARMUP_STEPS[algo], args.threads, final_eval=False)
-                else:
-                    run_ours(algo, 0, WARMUP_STEPS[algo], job[0], args.threads, final_eval=False, compile=job[1])
+                run_job(algo, 0, WARMUP_STEPS[algo], job, args.threads, False, args.process_per_fit)
+                if job is not None:
                     if job[1]:  # the first compile of this run (inductor's on-disk cache as it was)
                         report.setdefault("first_compile_run_s", {})[algo] = time.perf_counter() - start
                         print(f"[{algo} {label(*job)}] warm-up run with the first compile: "
                               f"{time.perf_counter() - start:.1f}s", flush=True)
         for seed in range(args.seeds):
             for job in jobs:
-                torch.set_num_threads(args.threads)
-                if job is None:
-                    r = run_sb3(algo, seed, steps, args.threads)
-                else:
-                    r = run_ours(algo, seed, steps, job[0], args.threads, compile=job[1])
+                r = run_job(algo, seed, steps, job, args.threads, True, args.process_per_fit)
                 results.append(r)
                 solve = "not solved" if r.solve_s is None else f"solved at {r.solve_s:.1f}s / {r.solve_steps:,} steps"
                 last = "-" if r.final_mean_return is None else f"{r.final_mean_return:.1f}"
