@@ -71,6 +71,7 @@ class LearnerQueueLoading:
     _closing: threading.Event
 
     def _sample_here(self) -> MultiAgentBatch:
+        """A batch sampled in the learner process (``num_workers=0``): the DataModule's."""
         raise NotImplementedError
 
     def _next_batch(self) -> MultiAgentBatch:
