@@ -85,6 +85,9 @@ def test_the_return_ratio_is_left_out_where_sb3s_mean_is_not_positive(monkeypatc
     import importlib.util
 
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # as a script, it imports learning.py beside it
+    # learning.py sets PYTHONWARNINGS=ignore for its children where unset: kept to this test, or
+    # the subprocesses of later tests in this worker would lose the warnings they assert
+    monkeypatch.setenv("PYTHONWARNINGS", "default")
     spec = importlib.util.spec_from_file_location("cc_bench", ROOT / "benchmarks" / "continuous_control.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
