@@ -149,3 +149,16 @@ def test_design_measures_prints_the_code_shape_as_json_last():
     reads = found["algorithm_reads_from_data"]
     assert reads["total"] == sum(v for k, v in reads.items() if k != "total") > 0
     assert "ppo.py" in found["algorithm_files"]
+
+
+def test_compare_sb3_with_a_process_per_fit_runs_each_fit_apart_and_reports_it():
+    """``--process-per-fit``: every fit (SB3's too) runs in a fresh Python process of the script,
+    its result read back; the figures are those of the one-process run's format, marked."""
+    proc = run_benchmark("compare_sb3", "--algos", "a2c", "--seeds", "1", "--a2c-steps", "400", "--vectorization",
+                         "sync", "--compile", "off", "--no-warmup", "--process-per-fit", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["process_per_fit"] is True
+    runs = report["runs"]
+    assert sorted(r["impl"] for r in runs) == ["ours-sync", "sb3"]
+    assert all(r["env_steps"] >= 400 and r["wall_s"] > 0 and r["steps_per_s"] > 0 for r in runs)
