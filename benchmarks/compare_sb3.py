@@ -9,7 +9,8 @@ rl-baselines3-zoo hyperparameters:
 * A2C: 8 envs, 5 steps per env per iteration, RMSprop (alpha 0.99, eps 1e-5), lr 7e-4, gamma 0.99,
   GAE lambda 1.0, no entropy bonus, no advantage normalization; 500k env steps.
 * DQN (plain: SB3 has no double Q, dueling heads or n-step returns, so ours runs with
-  ``double_q=False, dueling=False, n_step=1``): 1 env, lr 2.3e-3, batch 64, buffer 100k,
+  ``double_q=False, dueling=False, n_step=1``): 1 env, lr 2.3e-3 constant (ours' DQN decays its
+  rate linearly unless told otherwise: ``lr_schedule="constant"``), batch 64, buffer 100k,
   learning_starts 1000, gamma 0.99, hard target update (tau 1) every 10 env steps, train_freq 256
   with 128 gradient steps, epsilon 1 -> 0.04 over the first 16% of the budget (8000 steps),
   MLP [256, 256] ReLU, Huber loss, grad-norm clip 10; 50k env steps.
@@ -257,8 +258,8 @@ def build_ours(algo: str, seed: int, steps: int, vectorization: str, threads: in
         extra["num_cpu_threads"] = threads
     if algo == "dqn":
         return DQN(
-            env=ENV_IDS["dqn"], num_envs=1, lr=2.3e-3, gamma=0.99, buffer_size=100_000, learning_starts=1000,
-            train_freq=256, num_gradient_steps=128, train_batch_size=64, n_step=1, grad_clip=10.0,
+            env=ENV_IDS["dqn"], num_envs=1, lr=2.3e-3, lr_schedule="constant", gamma=0.99, buffer_size=100_000,
+            learning_starts=1000, train_freq=256, num_gradient_steps=128, train_batch_size=64, n_step=1, grad_clip=10.0,
             hiddens=(256, 256), activation="relu", double_q=False, dueling=False, target_network_update_freq=10,
             tau=1.0, epsilon_start=1.0, epsilon_end=0.04, epsilon_timesteps=dqn_epsilon_steps(steps),
             prioritized_replay=False, seed=seed, total_env_steps=steps, vectorization=vectorization, **extra,

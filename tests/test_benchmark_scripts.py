@@ -162,3 +162,15 @@ def test_compare_sb3_with_a_process_per_fit_runs_each_fit_apart_and_reports_it()
     runs = report["runs"]
     assert sorted(r["impl"] for r in runs) == ["ours-sync", "sb3"]
     assert all(r["env_steps"] >= 400 and r["wall_s"] > 0 and r["steps_per_s"] > 0 for r in runs)
+
+
+def test_compare_sb3_gives_both_sides_dqns_constant_learning_rate(monkeypatch):
+    """SB3's DQN keeps its rate constant; ours decays it linearly unless told (``lr_schedule_unset``),
+    so the benchmark says ``lr_schedule="constant"``: identical settings, not half the mean rate."""
+    monkeypatch.setenv("PYTHONWARNINGS", "default")  # the script sets it for its children where unset
+    spec = importlib.util.spec_from_file_location("compare_sb3_bench", ROOT / "benchmarks" / "compare_sb3.py")
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "compare_sb3_bench", bench)  # (its dataclasses look their module up)
+    spec.loader.exec_module(bench)
+    ours, sb3 = bench.build_ours("dqn", 0, 2000, "sync", 1, False), bench.build_sb3("dqn", 0, 2000)
+    assert ours.lr_points is None and ours.current(ours.lr_points, ours.lr) == sb3.learning_rate == 2.3e-3
