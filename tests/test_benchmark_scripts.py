@@ -154,6 +154,7 @@ def test_design_measures_prints_the_code_shape_as_json_last():
 def test_compare_sb3_with_a_process_per_fit_runs_each_fit_apart_and_reports_it():
     """``--process-per-fit``: every fit (SB3's too) runs in a fresh Python process of the script,
     its result read back; the figures are those of the one-process run's format, marked."""
+    pytest.importorskip("stable_baselines3")  # the bench extra
     proc = run_benchmark("compare_sb3", "--algos", "a2c", "--seeds", "1", "--a2c-steps", "400", "--vectorization",
                          "sync", "--compile", "off", "--no-warmup", "--process-per-fit", timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -167,6 +168,7 @@ def test_compare_sb3_with_a_process_per_fit_runs_each_fit_apart_and_reports_it()
 def test_compare_sb3_gives_both_sides_dqns_constant_learning_rate(monkeypatch):
     """SB3's DQN keeps its rate constant; ours decays it linearly unless told (``lr_schedule_unset``),
     so the benchmark says ``lr_schedule="constant"``: identical settings, not half the mean rate."""
+    pytest.importorskip("stable_baselines3")  # the bench extra
     monkeypatch.setenv("PYTHONWARNINGS", "default")  # the script sets it for its children where unset
     spec = importlib.util.spec_from_file_location("compare_sb3_bench", ROOT / "benchmarks" / "compare_sb3.py")
     bench = importlib.util.module_from_spec(spec)
