@@ -116,6 +116,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from learning import PARENT_PID_ENV, die_with_parent  # benchmarks/learning.py
+
+if __name__ == "__main__":
+    die_with_parent()  # a --process-per-fit child: the kernel kills it when its benchmark process dies
+
 warnings.filterwarnings("ignore")
 os.environ.setdefault("PYTHONWARNINGS", "ignore")
 
@@ -526,7 +531,7 @@ def run_job(algo: str, seed: int, steps: int, job: tuple[str, bool] | None, thre
     spec = json.dumps({"algo": algo, "seed": seed, "steps": steps, "job": job, "threads": threads,
                        "final_eval": final_eval})
     proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--run-one", spec], capture_output=True,
-                          text=True, check=False)
+                          text=True, check=False, env={**os.environ, PARENT_PID_ENV: str(os.getpid())})
     if proc.returncode != 0:
         raise RuntimeError(f"{algo} {job} seed {seed} failed in its process:\n{proc.stderr[-3000:]}")
     return RunResult(**json.loads(proc.stdout.strip().splitlines()[-1]))
