@@ -213,77 +213,88 @@ def record(
         raise ValueError(f"max_frames must be >= 2, got {max_frames}")
     if not fps > 0:
         raise ValueError(f"fps must be positive, got {fps}")
-    out = Path(out)
     spec = env if env is not None else model.env_spec
     if getattr(model, "multi_agent", False):
         if policy_id is not None:
             raise ValueError(f"policy_id={policy_id!r}: in a multi-agent env each agent acts with the policy "
                              "policy_mapping_fn names for it")
-        frames, returns, truncated_gif = _play_multi_agent(model, spec, num_episodes, seed, max_frames)
-        _finish(frames, returns, truncated_gif, num_episodes, max_frames, out, fps)
-        return returns
+        tape = _play_multi_agent(model, spec, num_episodes, seed, max_frames)
+    else:
+        tape = _play(model, spec, num_episodes, seed, max_frames, policy_id)
+    tape.finish(spec, num_episodes, Path(out), fps)
+    return tape.returns
+
+
+class _Tape:
+    """A recording's frames and returns, and why its episodes stopped early: the GIF full at
+    ``max_frames`` (recording ends) or an episode cut at ``cap`` steps (its return counted)."""
+
+    def __init__(self, max_frames: int, cap: int, own_cap: bool) -> None:
+        self.frames: list[np.ndarray] = []
+        self.returns: list[float] = []
+        self.max_frames, self.cap, self.own_cap, self.cut, self.full = max_frames, cap, own_cap, 0, False
+
+    def stop(self, steps: int) -> bool:
+        """Whether the episode playing stops here, ``steps`` steps in."""
+        self.full = len(self.frames) >= self.max_frames
+        capped = not self.full and steps >= self.cap
+        self.cut += capped
+        return self.full or capped
+
+    def end(self, episode_return: float) -> bool:
+        """Count a finished episode's return; ``True`` when the GIF is full (recording ends)."""
+        if not self.full:
+            self.returns.append(episode_return)
+        return self.full
+
+    def finish(self, spec: Any, num_episodes: int, out: Path, fps: float) -> None:
+        if self.cut:
+            say_cut(spec, self.cap, self.own_cap, self.cut, num_episodes, what="record")
+        if self.full:
+            warnings.warn(f"stopped recording at max_frames={self.max_frames} after {len(self.returns)} of "
+                          f"{num_episodes} episodes", stacklevel=3)
+        _save_gif(self.frames, out, fps)
+
+
+def _play(model: Algorithm, spec: EnvSpec, num_episodes: int, seed: int | None, max_frames: int,
+          policy_id: str | None) -> _Tape:
+    """Greedy episodes of one gymnasium env (an Atari episode is a whole game, its raw score)."""
     policy_kwargs = {} if policy_id is None else {"policy_id": policy_id}
     render_env = flatten_env(make_render_env(spec))  # Dict/Tuple observations as the module sees them
-    frames: list[np.ndarray] = []
-    returns: list[float] = []
     try:
         model.check_spaces(render_env.observation_space, render_env.action_space)
         space = render_env.action_space
         games = bool(render_env.metadata.get("game_scores"))  # episodes are whole games
-        cap, own = episode_step_cap(env_step_limit(render_env), max_episode_steps_of(model))
-        cut = 0
-        truncated_gif = False
+        tape = _Tape(max_frames, *episode_step_cap(env_step_limit(render_env), max_episode_steps_of(model)))
         for episode in range(num_episodes):
             obs, _ = render_env.reset(seed=seed if episode == 0 else None)
-            frames.append(_frame(render_env))
+            tape.frames.append(_frame(render_env))
             episode_return, done, steps = 0.0, False, 0
             acting = Acting(model, **policy_kwargs)  # a recurrent policy's state starts fresh
-            while not done:
-                if (stop := _stop(frames, max_frames, steps, cap)) is not None:
-                    truncated_gif = stop == "full"
-                    cut += stop == "cap"
-                    break
+            while not done and not tape.stop(steps):
                 steps += 1
                 action = _in_bounds(acting.act(np.asarray(obs)[None])[0], space)
                 obs, reward, terminated, truncated, info = render_env.step(action)
                 episode_return += float(reward)
                 done = bool(terminated or truncated)
                 acting.observe([reward], [done])
-                frames.append(_frame(render_env))
+                tape.frames.append(_frame(render_env))
                 if games and done:  # Atari (data/envs/atari.py): a whole game, its raw score
                     episode_return = float(info.get("game_score", episode_return))
                     if "game_score" not in info:  # a lost life: the game goes on
                         obs, _ = render_env.reset()
                         done = False
-            if truncated_gif:
+            if tape.end(episode_return):
                 break
-            returns.append(episode_return)
     finally:
         render_env.close()
-    if cut:
-        say_cut(spec, cap, own, cut, num_episodes, what="record")
-    _finish(frames, returns, truncated_gif, num_episodes, max_frames, out, fps)
-    return returns
+    return tape
 
 
-def _finish(frames: list[np.ndarray], returns: list[float], truncated_gif: bool, num_episodes: int,
-            max_frames: int, out: Path, fps: float) -> None:
-    if truncated_gif:
-        warnings.warn(
-            f"stopped recording at max_frames={max_frames} after {len(returns)} of {num_episodes} episodes",
-            stacklevel=3,
-        )
-    _save_gif(frames, out, fps)
-
-
-def _play_multi_agent(model: Algorithm, spec: Any, num_episodes: int, seed: int | None,
-                      max_frames: int) -> tuple[list[np.ndarray], list[float], bool]:
+def _play_multi_agent(model: Algorithm, spec: Any, num_episodes: int, seed: int | None, max_frames: int) -> _Tape:
     """Greedy episodes of a PettingZoo env, every live agent acting with its mapped policy; the
     returns are the team's (summed over agents), as evaluation and training log them."""
     made = make_render_parallel_env(spec)
-    frames: list[np.ndarray] = []
-    returns: list[float] = []
-    truncated_gif = False
     try:
         for agent in made.possible_agents:
             policy_id = model.policy_mapping_fn(agent)
@@ -292,16 +303,12 @@ def _play_multi_agent(model: Algorithm, spec: Any, num_episodes: int, seed: int 
                 raise ValueError(f"agent {agent!r} of env {spec!r} has spaces {spaces[0]}, {spaces[1]}, but its "
                                  f"policy {policy_id!r} was built for {model.policy_spaces[policy_id][0]}, "
                                  f"{model.policy_spaces[policy_id][1]}")
-        cap, cut = max_episode_steps_of(model), 0
+        tape = _Tape(max_frames, max_episode_steps_of(model), own_cap=False)
         for episode in range(num_episodes):
             obs, _ = made.reset(seed=seed if episode == 0 else None)
-            frames.append(_frame(made))
+            tape.frames.append(_frame(made))
             total, steps = 0.0, 0
-            while made.agents:
-                if (stop := _stop(frames, max_frames, steps, cap)) is not None:
-                    truncated_gif = stop == "full"
-                    cut += stop == "cap"
-                    break
+            while made.agents and not tape.stop(steps):
                 steps += 1
                 actions = {}
                 for agent in made.agents:
@@ -311,21 +318,12 @@ def _play_multi_agent(model: Algorithm, spec: Any, num_episodes: int, seed: int 
                     actions[agent] = action.item() if np.ndim(action) == 0 else action
                 obs, rewards, _, _, _ = made.step(actions)
                 total += float(sum(rewards.values()))
-                frames.append(_frame(made))
-            if truncated_gif:
+                tape.frames.append(_frame(made))
+            if tape.end(total):
                 break
-            returns.append(total)
     finally:
         made.close()
-    if cut:
-        say_cut(spec, cap, False, cut, num_episodes, what="record")
-    return frames, returns, truncated_gif
-
-
-def _stop(frames: list[np.ndarray], max_frames: int, steps: int, cap: int) -> str | None:
-    """Why a recorded episode stops before its end: ``"full"`` (the GIF has ``max_frames``),
-    ``"cap"`` (``cap`` steps played), else ``None``."""
-    return "full" if len(frames) >= max_frames else "cap" if steps >= cap else None
+    return tape
 
 
 def _in_bounds(action: np.ndarray, space: gym.Space) -> np.ndarray:

@@ -53,7 +53,7 @@ import torch
 from torch import nn
 
 from lightning_rl.batch import DEFAULT_POLICY_ID, MultiAgentBatch
-from lightning_rl.data.base import EnvDataModule, env_settings, rank_seed
+from lightning_rl.data.base import EnvDataModule, check_at_least_one, env_settings, rank_seed
 from lightning_rl.data.envs.make import EnvSpec
 from lightning_rl.data.envs.vector import make_vector_env
 from lightning_rl.data.learner_queue import LearnerQueueLoading, MinibatchBuffer
@@ -115,10 +115,8 @@ class AsyncSamplingDataModule(LearnerQueueLoading, EnvDataModule):
         learner_queue = LearnerQueue() if learner_queue is None else learner_queue
         check_group(workers)
         check_group(learner_queue)
-        for name, value in dict(rollout_fragment_length=rollout_fragment_length, train_batch_size=train_batch_size,
-                                num_sgd_iter=num_sgd_iter, minibatch_buffer_size=minibatch_buffer_size).items():
-            if value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}")
+        check_at_least_one(rollout_fragment_length=rollout_fragment_length, train_batch_size=train_batch_size,
+                           num_sgd_iter=num_sgd_iter, minibatch_buffer_size=minibatch_buffer_size)
         check_backend(workers)
         self.sampler_backend, self.ray_address = workers.sampler_backend, workers.ray_address
         self.num_cpus_per_worker = workers.num_cpus_per_worker

@@ -22,8 +22,8 @@ from lightning_rl.data.samplers.engine import EnvSampler, eval_mode, new_generat
 from lightning_rl.data.settings import EnvSettings
 from lightning_rl.settings import check_group
 
-__all__ = ["EnvDataModule", "IterationStream", "env_settings", "eval_mode", "lightning_seed", "new_generator",
-           "policy_state", "rank_seed"]
+__all__ = ["EnvDataModule", "IterationStream", "check_at_least_one", "env_settings", "eval_mode", "lightning_seed",
+           "new_generator", "policy_state", "rank_seed"]
 
 
 def env_settings(env: EnvSettings | EnvSpec) -> EnvSettings:
@@ -32,6 +32,14 @@ def env_settings(env: EnvSettings | EnvSpec) -> EnvSettings:
     settings = env if isinstance(env, EnvSettings) else EnvSettings(env)
     check_group(settings)
     return settings
+
+
+def check_at_least_one(**values: int) -> None:
+    """A DataModule's own counts (``rollout_fragment_length``, ``train_batch_size``, ...), which a
+    DataModule made by hand takes unchecked: each ``>= 1``, else one line naming it."""
+    for name, value in values.items():
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
 
 
 def lightning_seed() -> int | None:

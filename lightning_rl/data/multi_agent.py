@@ -23,7 +23,7 @@ import torch
 
 from lightning_rl.batch import MultiAgentBatch, SampleBatch
 from lightning_rl.checkpoint_data import unpack_rank_state
-from lightning_rl.data.base import EnvDataModule, env_settings
+from lightning_rl.data.base import EnvDataModule, check_at_least_one, env_settings
 from lightning_rl.data.envs.pettingzoo import agent_spaces, is_multi_agent_env, make_parallel_env, policy_spaces
 from lightning_rl.data.samplers.engine import ExploringPolicy
 from lightning_rl.data.samplers.multi_agent import MultiAgentEnvSampler
@@ -130,8 +130,7 @@ class MultiAgentRolloutDataModule(MultiAgentEnvDataModule):
         sampling_device: str = "cpu",
     ) -> None:
         super().__init__(env, policy_mapping_fn, sampling_device)
-        if rollout_fragment_length < 1:
-            raise ValueError(f"rollout_fragment_length must be >= 1, got {rollout_fragment_length}")
+        check_at_least_one(rollout_fragment_length=rollout_fragment_length)
         if count_steps_by not in ("env_steps", "agent_steps"):
             raise ValueError(f"count_steps_by must be 'env_steps' or 'agent_steps', got {count_steps_by!r}")
         self.count_steps_by = count_steps_by

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from lightning_rl.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
-from lightning_rl.data.base import EnvDataModule, rank_seed
+from lightning_rl.data.base import EnvDataModule, check_at_least_one, rank_seed
 from lightning_rl.data.envs import EnvSpec
 from lightning_rl.data.samplers.engine import ExploringPolicy
 from lightning_rl.data.settings import EnvSettings
@@ -41,8 +41,7 @@ class RolloutDataModule(EnvDataModule):
         return_discount: float | None = None,
     ) -> None:
         super().__init__(env, sampling_device)
-        if rollout_fragment_length < 1:
-            raise ValueError(f"rollout_fragment_length must be >= 1, got {rollout_fragment_length}")
+        check_at_least_one(rollout_fragment_length=rollout_fragment_length)
         self.rollout_fragment_length = rollout_fragment_length
         self.return_discount = return_discount
 
