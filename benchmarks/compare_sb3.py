@@ -22,7 +22,7 @@ rl-baselines3-zoo hyperparameters:
 ``--compile off,on`` (the default) runs ours eagerly and with ``compile=True`` (labels ``+c``).
 In one process the warm-up run pays the first compile (dynamo's trace of each update step,
 inductor's code from its on-disk cache or built) and prints its time; later fits of the same
-settings reuse its graphs (``update.UpdateStep._own_code``), as a sweep's trials do.
+settings reuse its graphs (``compiled_code.shared_code``), as a sweep's trials do.
 ``--process-per-fit`` runs every fit, SB3's too, in a fresh Python process of its own instead:
 each fit then pays imports' first calls and the whole compile (inductor's disk cache warmed by
 the warm-up process), as a user's single run does.

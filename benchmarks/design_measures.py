@@ -11,7 +11,11 @@ Prints, for the ``lightning_rl`` package of this checkout:
   attribute;
 * ``import_cycles``: strongly connected components of the import graph (``tests/test_layers.py``
   builds it), once as the code runs and once with ``if TYPE_CHECKING:`` imports included;
-* ``algorithm_files``: the line count of each file in ``algorithms/``.
+* ``algorithm_files``: the line count of each file in ``algorithms/``;
+* ``paths``: for each table of docs/design.md's "The path of one env step to its gradient step"
+  (PPO, IMPALA with workers): its hops, distinct files (a folder such as ``data/envs/`` named in
+  a row counts once), the files that hold two or more separate stretches of it, and its crossings
+  between ``algorithms/`` and ``data/``.
 
     python benchmarks/design_measures.py            # a readable summary, then one JSON line
 """
@@ -20,12 +24,14 @@ from __future__ import annotations
 
 import argparse
 import ast
+import itertools
 import json
 import sys
 from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+DESIGN = ROOT / "docs" / "design.md"
 sys.path.insert(0, str(ROOT))
 
 from tests.test_layers import PACKAGE, cycles, import_graph  # noqa: E402
@@ -66,6 +72,42 @@ def algorithm_reads_from_data() -> Counter[str]:
     return reads
 
 
+def path_tables(text: str | None = None) -> dict[str, list[tuple[list[str], str]]]:
+    """Each path table of docs/design.md by its heading: per hop, the files of its file column
+    (``a.py, b.py`` is two) and its function column."""
+    text = DESIGN.read_text() if text is None else text
+    section = text.split("## The path of one env step to its gradient step", 1)[1].split("\n## ", 1)[0]
+    tables: dict[str, list[tuple[list[str], str]]] = {}
+    heading = ""
+    for line in section.splitlines():
+        if line.startswith("### "):
+            heading = line[4:].split(" (")[0].strip()
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| ") and len(cells) >= 3 and cells[0].isdigit():
+            tables.setdefault(heading, []).append(([f.strip() for f in cells[1].split(",")], cells[2]))
+    return tables
+
+
+def _crosses(a: str, b: str) -> bool:
+    return {a.split("/")[0], b.split("/")[0]} == {"algorithms", "data"}
+
+
+def path_counts(rows: list[tuple[list[str], str]]) -> dict:
+    """Hops, distinct files, files entered in two or more separate stretches, and crossings between
+    ``algorithms/`` and ``data/`` (consecutive hops in those layers, other files in between
+    ignored) of one path table."""
+    files = [f for row_files, _ in rows for f in row_files]
+    stretches: Counter[str] = Counter()
+    previous: set[str] = set()
+    for row_files, _ in rows:
+        stretches.update(f for f in row_files if f not in previous)
+        previous = set(row_files)
+    layered = [f for row_files, _ in rows for f in row_files[:1] if f.split("/")[0] in ("algorithms", "data")]
+    crossings = sum(_crosses(a, b) for a, b in itertools.pairwise(layered))
+    return {"hops": len(rows), "files": len(set(files)), "crossings": crossings,
+            "files_in_separate_stretches": sorted(f for f, n in stretches.items() if n > 1)}
+
+
 def measures() -> dict:
     paths = sorted(PACKAGE.rglob("*.py"))
     lines = {str(p.relative_to(PACKAGE)): line_count(p) for p in paths}
@@ -79,6 +121,7 @@ def measures() -> dict:
         "import_cycles_type_only_included": cycles(import_graph(type_checking=True)),
         "algorithm_files": {k.removeprefix("algorithms/"): v for k, v in lines.items()
                             if k.startswith("algorithms/") and not k.endswith("__init__.py")},
+        "paths": {name: path_counts(rows) for name, rows in path_tables().items()},
     }
 
 
@@ -96,6 +139,10 @@ def main(argv: list[str] | None = None) -> dict:
           f"{len(found['import_cycles_type_only_included'])} with type-only imports",
           "; ".join(f"{len(c)} modules ({', '.join(c)})" for c in found["import_cycles_type_only_included"]))
     print("algorithm files:", ", ".join(f"{k} {v}" for k, v in found["algorithm_files"].items()))
+    for name, path in found["paths"].items():
+        print(f"path of {name}: {path['hops']} hops, {path['files']} files, {path['crossings']} crossings between "
+              f"algorithms/ and data/, {len(path['files_in_separate_stretches'])} files in separate stretches "
+              f"({', '.join(path['files_in_separate_stretches'])})")
     print(json.dumps(found))
     return found
 

@@ -25,7 +25,6 @@ Under DDP the compiled step is two graphs around one flat all-reduce of the grad
 from __future__ import annotations
 
 import functools
-import types
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -34,6 +33,7 @@ import pytorch_lightning as pl
 import torch
 from torch import Tensor, nn
 
+from lightning_rl.compiled_code import shared_code
 from lightning_rl.distributed import FlatGradients, world_size
 from lightning_rl.nonfinite import NonFiniteLossError, flat_terms, nonfinite_error  # noqa: F401  (the error, importable here as in 0.1.0)
 
@@ -41,21 +41,6 @@ from lightning_rl.nonfinite import NonFiniteLossError, flat_terms, nonfinite_err
 LossFn = Callable[[dict[str, Tensor] | None, dict[str, Tensor], dict[str, Any]], tuple[Tensor, dict[str, Any]]]
 
 _warned: set[str] = set()
-
-# The compiled steps' code objects by (method, step name) (``UpdateStep._own_code``).
-_SHARED_CODE: dict[tuple[Callable[..., Any], str], list[types.CodeType]] = {}
-_GRAPHS_PER_CODE = 4  # compiled graphs a shared code object may hold (dynamo's recompile limit is 8)
-
-
-def _graphs_of(code: types.CodeType) -> int:
-    """Compiled graphs dynamo holds for ``code``; ``_GRAPHS_PER_CODE`` where it cannot tell."""
-    try:
-        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
-
-        return len(_debug_get_cache_entry_list(code))
-    except Exception:  # a torch without this (private) reader
-        return _GRAPHS_PER_CODE
-
 
 def call(module: nn.Module, params: Mapping[str, Tensor] | None, *args: Any, **kwargs: Any) -> Any:
     """``module(*args, **kwargs)``, with ``params`` (names as in ``module.named_parameters()``)
@@ -265,29 +250,11 @@ class UpdateStep:
         self.world = world_size()
         self.distributed = self.world > 1
         if self.distributed:
-            self._grads_fn = torch.compile(self._own_code(self._grads), fullgraph=True, mode=mode)
-            self._apply_fn = torch.compile(self._own_code(self._apply), fullgraph=True, mode=mode)
+            self._grads_fn = torch.compile(shared_code(self._grads, self.name), fullgraph=True, mode=mode)
+            self._apply_fn = torch.compile(shared_code(self._apply, self.name), fullgraph=True, mode=mode)
         else:
-            self._step_fn = torch.compile(self._own_code(self._fused_step), fullgraph=True, mode=mode)
+            self._step_fn = torch.compile(shared_code(self._fused_step, self.name), fullgraph=True, mode=mode)
         self._built = True
-
-    def _own_code(self, method: Any) -> Any:
-        """``method`` bound to this step with a code object named after the step. Dynamo caches
-        compiled graphs per code object: steps of one name share one, so a second model of the
-        same algorithm in a process (a sweep's trials, a notebook's reruns) reuses the first one's
-        graphs where their guards hold instead of tracing again; steps of other names (SAC's
-        three, one per policy) do not count as recompiles of each other. A shared code object
-        takes at most ``_GRAPHS_PER_CODE`` graphs (other settings or shapes recompile), then
-        steps get a fresh one: no step meets dynamo's recompile limit and falls back to eager."""
-        fn = method.__func__
-        variants = _SHARED_CODE.setdefault((fn, self.name), [])
-        code = next((c for c in variants if _graphs_of(c) < _GRAPHS_PER_CODE), None)
-        if code is None:
-            code = fn.__code__.replace(co_name=f"{fn.__name__}_{self.name.replace('/', '_')}")
-            if _graphs_of(code) == 0:  # (unknown where dynamo's cache cannot be read: not shared)
-                variants.append(code)
-        own = types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
-        return types.MethodType(own, self)
 
     def _state_lists(self) -> tuple[list[Tensor], list[list[Tensor]]]:
         state = self.torch_optimizer.state

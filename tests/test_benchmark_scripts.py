@@ -149,6 +149,8 @@ def test_design_measures_prints_the_code_shape_as_json_last():
     reads = found["algorithm_reads_from_data"]
     assert reads["total"] == sum(v for k, v in reads.items() if k != "total") > 0
     assert "ppo.py" in found["algorithm_files"]
+    assert {"PPO", "IMPALA with sampler workers"} <= set(found["paths"])
+    assert all(path["files"] <= path["hops"] and path["crossings"] >= 1 for path in found["paths"].values())
 
 
 def compare_sb3_children() -> list[int]:

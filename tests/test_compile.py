@@ -81,8 +81,8 @@ def test_models_of_one_process_share_compiled_steps_and_keep_their_own_values(mo
     a sweep's trials, a notebook's reruns); one of other settings gets a graph of its own on the
     same code object, up to ``_GRAPHS_PER_CODE``, then a fresh code object. Every model trains on
     its own values: B after A (another seed, ``vf_loss_coeff``, ``entropy_coeff``) ends bit-equal
-    to B first, and A after B bit-equal to A alone (update.UpdateStep._own_code)."""
-    from lightning_rl import update
+    to B first, and A after B bit-equal to A alone (compiled_code.shared_code)."""
+    from lightning_rl import compiled_code
 
     cls, kwargs = CONFIGS["a2c"]
 
@@ -94,7 +94,7 @@ def test_models_of_one_process_share_compiled_steps_and_keep_their_own_values(mo
 
     def fresh() -> None:
         torch.compiler.reset()
-        update._SHARED_CODE.clear()
+        compiled_code._SHARED_CODE.clear()
 
     b_settings, a_settings = dict(seed=0), dict(seed=1, vf_loss_coeff=0.25, entropy_coeff=0.05)
     fresh()
@@ -106,17 +106,17 @@ def test_models_of_one_process_share_compiled_steps_and_keep_their_own_values(mo
     assert dynamo_utils.counters["stats"]["unique_graphs"] == graphs  # reused, not traced again
     a_after = trained(**a_settings)
     b_last = trained(**b_settings)
-    assert [len(codes) for codes in update._SHARED_CODE.values()] == [1]
+    assert [len(codes) for codes in compiled_code._SHARED_CODE.values()] == [1]
     for first, *others in zip(b_first, b_again, b_last, strict=True):
         assert all(torch.equal(first, other) for other in others)
     assert all(torch.equal(x, y) for x, y in zip(a_alone, a_after, strict=True))
     assert not all(torch.equal(x, y) for x, y in zip(a_after, b_first, strict=True))
 
     fresh()
-    monkeypatch.setattr(update, "_GRAPHS_PER_CODE", 1)
+    monkeypatch.setattr(compiled_code, "_GRAPHS_PER_CODE", 1)
     trained(**b_settings)
     assert torch.equal(trained(**a_settings)[0], a_alone[0])
-    assert [len(codes) for codes in update._SHARED_CODE.values()] == [2]  # the full one left for a fresh one
+    assert [len(codes) for codes in compiled_code._SHARED_CODE.values()] == [2]  # the full one left for a fresh one
 
 
 def test_compiled_resume_is_exact(tmp_path):

@@ -213,3 +213,44 @@ def test_type_only_imports_are_read_when_asked():
     assert "lightning_rl.policies" not in import_graph()["lightning_rl.inference"]
     assert "lightning_rl.policies" in import_graph(type_checking=True)["lightning_rl.inference"]
 
+
+
+def _defined_names(paths: list[Path]) -> set[str]:
+    names: set[str] = set()
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                names.add(node.name)
+    return names
+
+
+def test_design_paths_name_files_and_functions_that_exist():
+    """docs/design.md's path tables (the PPO and IMPALA paths of one env step) cannot rot silently:
+    every file of a hop exists in the package, and every function a hop names (``Class.method``
+    or ``function`` in backticks, calls of library objects such as ``optimizer.step()`` aside) is
+    defined in one of that hop's files; ``benchmarks/design_measures.py`` counts them."""
+    import re
+    import sys
+
+    sys.path.insert(0, str(PACKAGE.parent))
+    from benchmarks.design_measures import path_counts, path_tables
+
+    tables = path_tables()
+    assert {"PPO", "IMPALA with sampler workers"} <= set(tables)
+    for name, rows in tables.items():
+        for number, (files, functions) in enumerate(rows, 1):
+            paths: list[Path] = []
+            for file in files:
+                where = PACKAGE / file
+                assert where.exists(), f"{name} hop {number}: {file} is not in the package"
+                paths += sorted(where.rglob("*.py")) if where.is_dir() else [where]
+            defined = _defined_names(paths)
+            for named in re.findall(r"`([\w.]+)`", functions):
+                parts = named.split(".")
+                assert all(p in defined for p in parts if p[:1].isupper() or p is parts[-1]), \
+                    f"{name} hop {number}: {named} is not defined in {', '.join(files)}"
+        counts = path_counts(rows)
+        assert counts["hops"] == len(rows) and counts["files"] <= counts["hops"]
+    assert path_counts([(["data/a.py"], ""), (["algorithms/b.py"], ""), (["update.py"], ""),
+                        (["data/a.py"], "")]) == {"hops": 4, "files": 3, "crossings": 2,
+                                                  "files_in_separate_stretches": ["data/a.py"]}
