@@ -22,7 +22,7 @@ from lightning_rl.cli import cli
 from lightning_rl.cli_source import _declared_settings
 from lightning_rl.tune_spaces import BUILT_IN, SpaceError, load_space, parse_space, suggest
 from lightning_rl.tune_trial import TrialError, TrialReporter, run_trial
-from tests.conftest import run_main
+from tests.conftest import default_sigint, run_main
 from tests.test_env_faults import live_pids
 
 pytestmark = pytest.mark.timeout(300)
@@ -329,7 +329,8 @@ def test_a_trial_left_running_by_a_dead_process_runs_again_with_its_settings(stu
 
 def run_tune(study_dir: Path, *args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "lightning_rl.cli", *tune_args(*args)], cwd=study_dir,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=default_sigint)  # Ctrl-C at its default, as from a terminal
 
 
 def finish(*procs: subprocess.Popen, timeout: float = 240) -> list[str]:
