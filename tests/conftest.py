@@ -152,6 +152,20 @@ def default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def run_one_children(script: str) -> list[int]:
+    """Processes of ``benchmarks/<script> --run-one`` (a benchmark's fit in a process of its own)
+    still alive: none once the benchmark returned."""
+    left = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"--run-one" in cmdline and any(part.endswith(f"benchmarks/{script}".encode()) for part in cmdline):
+            left.append(int(pid))
+    return left
+
+
 def ddp_subprocess_env(**extra: str) -> dict[str, str]:
     """The environment for a subprocess that starts a 2-process CPU DDP run: its own free
     ``MASTER_PORT`` on the loopback interface, one thread per process, no rank of ours inherited."""

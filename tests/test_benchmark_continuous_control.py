@@ -5,14 +5,13 @@ docstring promises."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
+from tests.conftest import run_one_children
 from tests.test_benchmark_scripts import ROOT, run_benchmark
 
 pytest.importorskip("mujoco")
@@ -46,20 +45,7 @@ def test_mujoco_table_runs_both_sides_and_prints_its_figures_as_json_last():
         (a, s) for a in ("ppo", "sac", "td3") for s in ("ours", "sb3"))
     for run in runs:
         assert run["env_steps"] == run["steps"] and len(run["returns"]) == 10 and run["error"] is None, run
-    assert not run_processes_left(), "a run process outlived the benchmark"
-
-
-def run_processes_left() -> list[int]:
-    """Processes of ``benchmarks/continuous_control.py --run-one`` still alive (none once it returned)."""
-    left = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"--run-one" in cmdline and any(part.endswith(b"benchmarks/continuous_control.py") for part in cmdline):
-            left.append(int(pid))
-    return left
+    assert not run_one_children("continuous_control.py"), "a run process outlived the benchmark"
 
 
 def test_a_run_dies_with_its_benchmark_process():
@@ -69,15 +55,15 @@ def test_a_run_dies_with_its_benchmark_process():
                              "--seeds", "0", "--algos", "ppo", "--ppo-steps", "2048", "--compile", "off"],
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
-    while not run_processes_left() and time.monotonic() < deadline:
+    while not run_one_children("continuous_control.py") and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert run_processes_left(), "no run started within 120 s"
+    assert run_one_children("continuous_control.py"), "no run started within 120 s"
     proc.kill()
     proc.wait(timeout=30)
     deadline = time.monotonic() + 30
-    while run_processes_left() and time.monotonic() < deadline:
+    while run_one_children("continuous_control.py") and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not run_processes_left()
+    assert not run_one_children("continuous_control.py")
 
 
 def test_the_return_ratio_is_left_out_where_sb3s_mean_is_not_positive(monkeypatch):

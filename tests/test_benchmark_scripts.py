@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import run_one_children
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -153,19 +155,6 @@ def test_design_measures_prints_the_code_shape_as_json_last():
     assert all(path["files"] <= path["hops"] and path["crossings"] >= 1 for path in found["paths"].values())
 
 
-def compare_sb3_children() -> list[int]:
-    """Processes of ``benchmarks/compare_sb3.py --run-one`` still alive."""
-    left = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"--run-one" in cmdline and any(part.endswith(b"benchmarks/compare_sb3.py") for part in cmdline):
-            left.append(int(pid))
-    return left
-
-
 def test_compare_sb3_with_a_process_per_fit_runs_each_fit_apart_and_reports_it():
     """``--process-per-fit``: every fit (SB3's too) runs in a fresh Python process of the script,
     its result read back; the figures are those of the one-process run's format, marked."""
@@ -175,7 +164,7 @@ def test_compare_sb3_with_a_process_per_fit_runs_each_fit_apart_and_reports_it()
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["process_per_fit"] is True
-    assert not compare_sb3_children(), "a fit's process outlived the benchmark"
+    assert not run_one_children("compare_sb3.py"), "a fit's process outlived the benchmark"
     runs = report["runs"]
     assert sorted(r["impl"] for r in runs) == ["ours-sync", "sb3"]
     assert all(r["env_steps"] >= 400 and r["wall_s"] > 0 and r["steps_per_s"] > 0 for r in runs)
