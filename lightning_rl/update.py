@@ -43,6 +43,7 @@ LossFn = Callable[[dict[str, Tensor] | None, dict[str, Tensor], dict[str, Any]],
 _warned: set[str] = set()
 _CPU_OPTIONS = {"size_asserts": False, "alignment_asserts": False, "realize_opcount_threshold": 4}
 
+
 def call(module: nn.Module, params: Mapping[str, Tensor] | None, *args: Any, **kwargs: Any) -> Any:
     """``module(*args, **kwargs)``, with ``params`` (names as in ``module.named_parameters()``)
     in place of its own parameters when given: how a loss is written once for both the eager
