@@ -56,7 +56,11 @@ Usage::
 ``--save PATH`` writes every finished run as JSON after each one (so a stopped benchmark keeps
 its runs); ``--from-json`` merges such files and prints their table without running anything.
 ``--learning-starts N`` replaces SAC's and TD3's 10k random steps on both sides (small checks).
-``--wait-lock PATH`` waits, before each run starts, while PATH exists.
+``--wait-lock PATH`` waits, before each run starts, while PATH exists. Every run keeps its
+training curve (``curve``: ``[env step at the episode's end, return]`` per training episode,
+exploring; ours from the iterations' episode reports, SB3's from its ``Monitor``); a second table
+prints the mean training return in each quarter of the budget, and ``--plot PATH`` draws the
+curves (matplotlib).
 
 The last stdout line is one JSON object: settings, versions, load average at start and end, one
 entry per row with every figure, and every run.
@@ -118,6 +122,34 @@ def config_settings(algo: str) -> tuple[str, dict[str, Any]]:
 
 
 # --------------------------------------------------------------------------- one run (child process)
+class EpisodeCurve:
+    """The training episodes of a one-env run as ``[env step at the episode's end, return]``
+    points (the env step is the sum of the episode lengths so far)."""
+
+    def __init__(self) -> None:
+        self.points: list[list[float]] = []
+        self.steps = 0
+
+    def add(self, returns: Sequence[float], lengths: Sequence[int]) -> None:
+        for value, length in zip(returns, lengths, strict=True):
+            self.steps += int(length)
+            self.points.append([self.steps, float(value)])
+
+    def callback(self) -> Any:
+        """A Lightning callback adding the episodes each training iteration reports."""
+        import pytorch_lightning as pl
+
+        curve = self
+
+        class Recorder(pl.Callback):
+            def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, index: int) -> None:
+                infos = getattr(batch, "infos", None)  # an IterationStream holds several iterations' infos
+                for info in [getattr(batch, "info", {})] if infos is None else infos:
+                    curve.add(info.get("episode_returns", []), info.get("episode_lengths", []))
+
+        return Recorder()
+
+
 def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
     import numpy as np
     import pytorch_lightning as pl
@@ -133,17 +165,19 @@ def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
     if spec.get("learning_starts") is not None and "learning_starts" in settings:
         settings["learning_starts"] = spec["learning_starts"]
     model = getattr(lightning_rl, class_name)(**settings)
+    curve = EpisodeCurve()
     with tempfile.TemporaryDirectory(prefix="lightning_rl_mujoco_") as root:
         trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                              enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                             default_root_dir=root)
+                             default_root_dir=root, callbacks=[curve.callback()])
         start = time.perf_counter()
         trainer.fit(model)
         fit_s = time.perf_counter() - start
     env_steps = int(model.counters["num_env_steps_sampled"])
     torch.set_num_threads(1)
     returns = [float(r) for r in evaluate(model, num_episodes=EVAL_EPISODES, seed=spec["seed"] + EVAL_SEED_OFFSET)]
-    return {"env_steps": env_steps, "fit_s": fit_s, "returns": returns, "eval_mean": float(np.mean(returns))}
+    return {"env_steps": env_steps, "fit_s": fit_s, "returns": returns, "eval_mean": float(np.mean(returns)),
+            "curve": curve.points}
 
 
 def run_sb3(spec: dict[str, Any]) -> dict[str, Any]:
@@ -160,6 +194,7 @@ def run_sb3(spec: dict[str, Any]) -> dict[str, Any]:
     _, c = config_settings(algo)  # the same numbers as ours
     learning_starts = spec.get("learning_starts")
     venv = make_vec_env(env_id, n_envs=1, seed=seed)
+    monitor = venv.envs[0]  # the Monitor: raw training returns, under VecNormalize too
     act = {"tanh": torch.nn.Tanh, "relu": torch.nn.ReLU}[c["activation"]]
     common = dict(seed=seed, device="cpu", verbose=0, gamma=c["gamma"], learning_rate=c["lr"])
     if algo == "ppo":
@@ -199,7 +234,10 @@ def run_sb3(spec: dict[str, Any]) -> dict[str, Any]:
     eval_env.close()
     model.get_env().close()
     returns = [float(r) for r in returns]
-    return {"env_steps": env_steps, "fit_s": fit_s, "returns": returns, "eval_mean": float(np.mean(returns))}
+    curve = EpisodeCurve()
+    curve.add(monitor.get_episode_rewards(), monitor.get_episode_lengths())
+    return {"env_steps": env_steps, "fit_s": fit_s, "returns": returns, "eval_mean": float(np.mean(returns)),
+            "curve": curve.points}
 
 
 def run_child(spec_json: str, result_path: str) -> None:
@@ -298,6 +336,14 @@ def published(algo: str, env: str, steps: int) -> tuple[float | None, str]:
     return entry[1], PUBLISHED_SOURCE
 
 
+def quarter_means(curve: Sequence[Sequence[float]] | None, steps: int) -> list[float | None]:
+    """The mean return of the training episodes that ended in each quarter of ``steps``."""
+    quarters: list[list[float]] = [[], [], [], []]
+    for end, value in curve or ():
+        quarters[min(3, max(0, math.ceil(4 * end / steps) - 1))].append(value)
+    return [statistics.fmean(q) if q else None for q in quarters]
+
+
 def summarize(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     keys: list[tuple[str, str, int]] = []
@@ -313,11 +359,14 @@ def summarize(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                                key=lambda r: r["seed"])
             returns = [r["eval_mean"] for r in side_runs if finite(r.get("eval_mean"))]
             rates = [r["steps_per_s"] for r in side_runs if finite(r.get("steps_per_s"))]
+            per_seed_quarters = [quarter_means(r.get("curve"), steps) for r in side_runs if r.get("curve")]
             row[side] = {
                 "return_mean": mean_std(returns)[0], "return_std": mean_std(returns)[1],
                 "steps_per_s": mean_std(rates)[0], "steps_per_s_std": mean_std(rates)[1],
                 "seeds": [r["seed"] for r in side_runs], "per_seed_return": [r.get("eval_mean") for r in side_runs],
                 "errors": [r.get("error") for r in side_runs],
+                "per_seed_quarters": per_seed_quarters,
+                "quarters": [mean_std([q[k] for q in per_seed_quarters if q[k] is not None])[0] for k in range(4)],
                 "runs": len(side_runs),
                 "compile": side_runs[0].get("compile") if side == "ours" and side_runs else None,
             }
@@ -370,6 +419,50 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def curve_table(rows: Sequence[dict[str, Any]]) -> str:
+    """Training returns (exploring, as the sampler saw them) by quarter of each run's budget:
+    the mean over seeds of each seed's mean over the episodes that ended in that quarter."""
+    lines = ["| env | algo | side | 1st quarter | 2nd | 3rd | 4th | per seed, 4th quarter |",
+             "|---|---|---|---:|---:|---:|---:|---|"]
+    for row in rows:
+        for side, name in (("ours", "ours"), ("sb3", "SB3")):
+            q = row[side].get("quarters") or []
+            if not any(v is not None for v in q):
+                continue
+            last = ", ".join("—" if p[3] is None else f"{p[3]:,.0f}" for p in row[side]["per_seed_quarters"])
+            cells = " | ".join("—" if v is None else f"{v:,.0f}" for v in q)
+            lines.append(f"| {row['env']} | {row['algo'].upper()} | {name} | {cells} | {last} |")
+    return "\n".join(lines)
+
+
+def plot_curves(runs: Sequence[dict[str, Any]], path: Path, window: int = 10) -> None:
+    """One panel per (env, algorithm, budget): every seed's training return (mean of the last
+    ``window`` episodes) against env steps, ours and SB3 in two colours."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = list(dict.fromkeys((r["env"], r["algo"], r["steps"]) for r in runs if r.get("curve")))
+    if not keys:
+        raise SystemExit("--plot: no run carries a training curve")
+    fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 3.6), squeeze=False)
+    for ax, (env, algo, steps) in zip(axes[0], keys, strict=True):
+        for run in runs:
+            if (run["env"], run["algo"], run["steps"]) != (env, algo, steps) or not run.get("curve"):
+                continue
+            ends, values = zip(*run["curve"], strict=True)
+            smooth = [statistics.fmean(values[max(0, i - window + 1):i + 1]) for i in range(len(values))]
+            ax.plot(ends, smooth, color="tab:blue" if run["side"] == "ours" else "tab:orange", alpha=0.8,
+                    linewidth=1, label=f"{'ours' if run['side'] == 'ours' else 'SB3'} s{run['seed']}")
+        ax.set_title(f"{algo.upper()} {env}")
+        ax.set_xlabel("env steps")
+        ax.set_ylabel(f"training return (mean of last {window})")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
 def versions() -> dict[str, Any]:
     from importlib.metadata import version
 
@@ -411,6 +504,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="runs at a time, one process and torch thread each (default 1)")
     p.add_argument("--wait-lock", default=None, help="before each run starts, wait while this path exists")
     p.add_argument("--save", type=Path, default=None, help="write every finished run as JSON here after each run")
+    p.add_argument("--plot", type=Path, default=None,
+                   help="draw every run's training curve into this image (needs matplotlib)")
     p.add_argument("--from-json", default=None, help="comma-separated --save files: print their table, run nothing")
     p.add_argument("--run-one", default=None, help=argparse.SUPPRESS)
     p.add_argument("--result", default=None, help=argparse.SUPPRESS)
@@ -463,6 +558,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     load_end = load_average()
     print()
     print(markdown_table(rows))
+    if any(row[side].get("per_seed_quarters") for row in rows for side in ("ours", "sb3")):
+        print("\nTraining returns by quarter of the budget (exploring; mean over seeds):\n")
+        print(curve_table(rows))
+    if args.plot is not None:
+        plot_curves(runs, args.plot)
+        print(f"\ncurves: {args.plot}")
     print(f"\nload average at end {load_end}", flush=True)
     report = {**meta, "load_avg_start": meta.get("load_avg_start", load_start), "load_avg_end": load_end,
               "targets": {"return_ratio": RATIO_TARGET, "speed_ratio": SPEED_TARGET}, "rows": rows, "runs": runs}

@@ -18,11 +18,11 @@ pytest.importorskip("mujoco")
 pytest.importorskip("stable_baselines3")
 
 
-def test_mujoco_table_runs_both_sides_and_prints_its_figures_as_json_last():
+def test_mujoco_table_runs_both_sides_and_prints_its_figures_as_json_last(tmp_path):
     # eager (--compile off) keeps the six fits short; SAC/TD3 learn from env step 100 instead of 10k
     proc = run_benchmark("continuous_control", "--envs", "Hopper-v5", "--seeds", "0", "--ppo-steps", "2048",
                          "--sac-steps", "300", "--td3-steps", "300", "--learning-starts", "100", "--compile", "off",
-                         timeout=400)
+                         "--plot", str(tmp_path / "curves.png"), timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()
     assert any(line.startswith("| Hopper-v5 | PPO (eager) | 2,048 | 0 |") for line in lines), proc.stdout
@@ -45,6 +45,11 @@ def test_mujoco_table_runs_both_sides_and_prints_its_figures_as_json_last():
         (a, s) for a in ("ppo", "sac", "td3") for s in ("ours", "sb3"))
     for run in runs:
         assert run["env_steps"] == run["steps"] and len(run["returns"]) == 10 and run["error"] is None, run
+        # the training curve: an episode's end step is the sum of the episode lengths so far
+        ends = [end for end, _ in run["curve"]]
+        assert len(ends) >= 2 and ends == sorted(set(ends)) and ends[-1] <= run["steps"], run["curve"]
+    assert any(line.startswith("| Hopper-v5 | TD3 | SB3 |") for line in lines), proc.stdout  # by quarter
+    assert (tmp_path / "curves.png").stat().st_size > 0
     assert not run_one_children("continuous_control.py"), "a run process outlived the benchmark"
 
 
@@ -66,8 +71,7 @@ def test_a_run_dies_with_its_benchmark_process():
     assert not run_one_children("continuous_control.py")
 
 
-def test_the_return_ratio_is_left_out_where_sb3s_mean_is_not_positive(monkeypatch):
-    """-283 / -48 would read 5.9x: a ratio of returns is printed only where SB3's mean is above 0."""
+def load_benchmark(monkeypatch):
     import importlib.util
 
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # as a script, it imports learning.py beside it
@@ -77,6 +81,12 @@ def test_the_return_ratio_is_left_out_where_sb3s_mean_is_not_positive(monkeypatc
     spec = importlib.util.spec_from_file_location("cc_bench", ROOT / "benchmarks" / "continuous_control.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+def test_the_return_ratio_is_left_out_where_sb3s_mean_is_not_positive(monkeypatch):
+    """-283 / -48 would read 5.9x: a ratio of returns is printed only where SB3's mean is above 0."""
+    bench = load_benchmark(monkeypatch)
 
     def run(side, seed, ret):
         return {"env": "HalfCheetah-v5", "algo": "sac", "steps": 20000, "side": side, "seed": seed,
@@ -86,3 +96,23 @@ def test_the_return_ratio_is_left_out_where_sb3s_mean_is_not_positive(monkeypatc
     assert negative["return_ratio"] is None and negative["return_target_met"] is None
     positive = bench.summarize([run("ours", 0, 90.0), run("sb3", 0, 100.0)])[0]
     assert positive["return_ratio"] == pytest.approx(0.9) and positive["return_target_met"] is True
+
+
+def test_training_curves_by_value(monkeypatch):
+    """Episodes placed at the sum of the lengths so far; each quarter's mean over the episodes
+    that ended in it (an end on a quarter's boundary belongs to the quarter it closes)."""
+    bench = load_benchmark(monkeypatch)
+    curve = bench.EpisodeCurve()
+    curve.add([1.0, 3.0], [10, 15])
+    curve.add([], [])
+    curve.add([5.0, 7.0], [1, 74])
+    assert curve.points == [[10, 1.0], [25, 3.0], [26, 5.0], [100, 7.0]]
+    assert bench.quarter_means(curve.points, 100) == [2.0, 5.0, None, 7.0]
+    assert bench.quarter_means(None, 100) == [None] * 4
+    runs = [{"env": "Hopper-v5", "algo": "td3", "steps": 100, "side": side, "seed": seed, "eval_mean": 1.0,
+             "steps_per_s": 1.0, "error": None, "curve": [[50, 10.0 * seed], [100, 20.0 * seed + (side == "sb3")]]}
+            for side in ("ours", "sb3") for seed in (1, 2)]
+    row = bench.summarize(runs)[0]
+    assert row["ours"]["quarters"] == [None, 15.0, None, 30.0] and row["sb3"]["quarters"][3] == 31.0
+    assert row["ours"]["per_seed_quarters"] == [[None, 10.0, None, 20.0], [None, 20.0, None, 40.0]]
+    assert "| Hopper-v5 | TD3 | SB3 | — | 15 | — | 31 | 21, 41 |" in bench.curve_table([row])
