@@ -12,6 +12,7 @@ import torch
 from lightning_rl import DQN, SAC, ReplayDataModule, SampleBatch
 from lightning_rl.data.settings import EnvSettings, ReplaySettings
 from tests.conftest import fit_iterations, quiet_trainer
+from tests.sb3_oracle import assert_same_weights, copy_weights, record_updates, train_on
 
 SMALL = dict(env="CartPole-v1", seed=0, learning_starts=64, train_freq=32, num_gradient_steps=4,
              train_batch_size=32, buffer_size=1000, hiddens=(32,), total_env_steps=None, iterations_per_epoch=5)
@@ -154,6 +155,41 @@ def test_sac_updates_actor_critic_alpha_and_targets():
     assert model.counters["num_grad_updates"] == 80 - 63
     assert model.log_alpha["default_policy"].item() != alpha0
     assert all(not torch.equal(a, b) for a, b in zip(target0, model.target_critics.parameters()))
+
+
+def test_sac_updates_match_stable_baselines3_on_the_same_minibatches(monkeypatch):
+    """Oracle: Stable-Baselines3's ``SAC.train``, started from ours' initial weights and fed the
+    minibatches and reparameterization noise ours' fit drew, ends at ours' actor, critics, target
+    critics and temperature after 24 updates (the temperature read before its step in the
+    critics' target and the actor's loss, on both sides)."""
+    sb3 = pytest.importorskip("stable_baselines3")
+    import gymnasium as gym
+
+    model = sac(env="Pendulum-v1", learning_starts=32, train_batch_size=16, hiddens=(16,), buffer_size=2000,
+                iterations_per_epoch=60)
+
+    def as_theirs(actor_params):  # our head's [mean; log std] rows are SB3's two heads mu and log_std
+        *trunk, weight, bias = actor_params
+        return [*trunk, weight[:1], bias[:1], weight[1:], bias[1:]]
+
+    actor0 = as_theirs([p.detach().clone() for p in model.policies.parameters()])
+    critics0 = [p.detach().clone() for p in model.critics.parameters()]
+    drawn = record_updates(monkeypatch, model, lambda g, rows: [torch.randn((rows, 1), generator=g),
+                                                                torch.randn((rows, 1), generator=g)])
+    fit_iterations(model, 55)  # 32 random env steps, then an update per env step
+    assert len(drawn) == model.counters["num_grad_updates"] == 24
+
+    theirs = sb3.SAC("MlpPolicy", gym.make("Pendulum-v1"), learning_rate=model.lr, batch_size=16, tau=model.tau,
+                     gamma=model.gamma, ent_coef="auto_1.0", target_entropy="auto",
+                     policy_kwargs=dict(net_arch=list(model.hiddens)), seed=0, device="cpu")
+    copy_weights(actor0, (theirs.actor,))
+    copy_weights(critics0, (theirs.critic, theirs.critic_target))
+    train_on(monkeypatch, theirs, drawn, action_half=2.0)
+    assert_same_weights([(as_theirs(list(model.policies.parameters())), theirs.actor.parameters()),
+                         (model.critics.parameters(), theirs.critic.parameters()),
+                         (model.target_critics.parameters(), theirs.critic_target.parameters()),
+                         (model.log_alpha.parameters(), [theirs.log_ent_coef])])
+    assert not torch.equal(actor0[0], next(model.policies.parameters()))
 
 
 def test_sac_actions_respect_any_bounds():

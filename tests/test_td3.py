@@ -18,6 +18,7 @@ from lightning_rl.batch import DEFAULT_POLICY_ID
 from lightning_rl.functional import clipped_double_q_target, ornstein_uhlenbeck_step, smoothed_target_actions
 from lightning_rl.nn.q_models import OrnsteinUhlenbeckNoise
 from tests.conftest import fit_iterations, quiet_trainer
+from tests.sb3_oracle import assert_same_weights, copy_weights, record_updates, train_on
 from tests.test_non_finite import BadValueEnv
 from tests.test_resume import straight_and_resumed, weights
 
@@ -293,50 +294,21 @@ def test_td3_updates_match_stable_baselines3_on_the_same_minibatches(monkeypatch
     and 12 actor updates: actor, critics and both targets (Pendulum's [-2, 2] actions halved into
     SB3's [-1, 1] replay scale)."""
     sb3 = pytest.importorskip("stable_baselines3")
-    from stable_baselines3.common.type_aliases import ReplayBufferSamples
-
     model = TD3(**{**SMALL, "iterations_per_epoch": 60})
-    initial = {name: [p.detach().clone() for p in getattr(model, name).parameters()]
-               for name in ("policies", "critics")}
-    drawn: list[tuple[SampleBatch, torch.Tensor]] = []
-    update = model.update
-
-    def recording_update(policy_id, batch):
-        noise_generator = torch.Generator().set_state(model.learner_generator.get_state())
-        noise = model.target_policy_noise * torch.randn((len(batch[SampleBatch.OBS]), 1), generator=noise_generator)
-        drawn.append((SampleBatch({k: v.clone() for k, v in batch.items()}), noise))
-        return update(policy_id, batch)
-
-    monkeypatch.setattr(model, "update", recording_update)
+    actor0, critics0 = ([p.detach().clone() for p in m.parameters()] for m in (model.policies, model.critics))
+    drawn = record_updates(monkeypatch, model, lambda g, rows: [model.target_policy_noise * torch.randn(
+        (rows, 1), generator=g)])
     fit_iterations(model, 55)  # 32 random env steps, then an update per env step
     assert len(drawn) == model.counters["num_grad_updates"] == 24
 
     theirs = sb3.TD3("MlpPolicy", gym.make("Pendulum-v1"), learning_rate=model.lr, batch_size=16, tau=model.tau,
                      gamma=model.gamma, policy_delay=2, target_policy_noise=0.2, target_noise_clip=0.5,
                      policy_kwargs=dict(net_arch=list(SMALL["hiddens"])), seed=0, device="cpu")
-    with torch.no_grad():
-        for mine, their_modules in ((initial["policies"], (theirs.actor, theirs.actor_target)),
-                                    (initial["critics"], (theirs.critic, theirs.critic_target))):
-            for module in their_modules:
-                params = list(module.parameters())
-                assert [p.shape for p in params] == [p.shape for p in mine]
-                for p, q in zip(params, mine, strict=True):
-                    p.copy_(q)
-    samples = iter(ReplayBufferSamples(
-        observations=b[SampleBatch.OBS].float(), actions=b[SampleBatch.ACTIONS].float() / 2.0,
-        next_observations=b[SampleBatch.NEXT_OBS].float(),
-        dones=b[SampleBatch.TERMINATEDS].float().unsqueeze(-1), rewards=b[SampleBatch.REWARDS].float().unsqueeze(-1),
-        discounts=b[SampleBatch.DISCOUNTS].float().unsqueeze(-1)) for b, _ in drawn)
-    noises = iter(noise for _, noise in drawn)
-    theirs.set_logger(sb3.common.logger.Logger(folder=None, output_formats=[]))
-    theirs.replay_buffer.sample = lambda batch_size, env=None: next(samples)
-    monkeypatch.setattr(torch.Tensor, "normal_", lambda self, mean=0.0, std=1.0: self.copy_(next(noises)))
-    theirs.train(gradient_steps=len(drawn), batch_size=16)
-    monkeypatch.undo()
-
-    for ours_module, their_module in ((model.policies, theirs.actor), (model.critics, theirs.critic),
-                                      (model.target_actors, theirs.actor_target),
-                                      (model.target_critics, theirs.critic_target)):
-        for p, q in zip(ours_module.parameters(), their_module.parameters(), strict=True):
-            torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-4, atol=1e-5)
-    assert not torch.equal(initial["policies"][0], next(model.policies.parameters()))
+    copy_weights(actor0, (theirs.actor, theirs.actor_target))
+    copy_weights(critics0, (theirs.critic, theirs.critic_target))
+    train_on(monkeypatch, theirs, drawn, action_half=2.0)
+    assert_same_weights([(model.policies.parameters(), theirs.actor.parameters()),
+                         (model.critics.parameters(), theirs.critic.parameters()),
+                         (model.target_actors.parameters(), theirs.actor_target.parameters()),
+                         (model.target_critics.parameters(), theirs.critic_target.parameters())])
+    assert not torch.equal(actor0[0], next(model.policies.parameters()))

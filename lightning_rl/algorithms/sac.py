@@ -21,7 +21,9 @@ from lightning_rl.update import call, policy_loss
 class SAC(ContinuousOffPolicyModule):
     """SAC for Box actions of any bounds; defaults are rl-zoo's Pendulum-v1 settings.
 
-    Per replay minibatch, in this order (as in the paper's reference code)::
+    Per replay minibatch, in this order (as in the paper's reference code), with ``alpha`` the
+    temperature before this minibatch's temperature step (as the reference and
+    Stable-Baselines3 read it)::
 
         alpha_loss  = -mean(log_alpha * (log pi(a~|s) + target_entropy))
         target      = R + gamma^k (1 - terminated) (min_i Q_target_i(s', a') - alpha log pi(a'|s'))
@@ -83,7 +85,7 @@ class SAC(ContinuousOffPolicyModule):
         """Clipped double-Q soft Bellman error, weighted by the replay's importance weights."""
         actor, critic = self.policies[policy_id], self.critics[policy_id]
         with torch.no_grad():
-            alpha = self.log_alpha[policy_id].exp()
+            alpha = batch["alpha"]
             next_obs = batch[SampleBatch.NEXT_OBS]
             next_actions, next_logp = actor(next_obs, noise=batch["next_noise"])
             next_q = torch.minimum(*self.target_critics[policy_id](next_obs, next_actions)) - alpha * next_logp
@@ -98,7 +100,7 @@ class SAC(ContinuousOffPolicyModule):
         """``alpha * log pi(a|s) - min Q(s, a)`` with reparameterized ``a`` (the critic just stepped)."""
         obs = batch[SampleBatch.OBS]
         new_actions, logp = call(self.policies[policy_id], params, obs, noise=batch["noise"])
-        alpha = self.log_alpha[policy_id].detach().exp()
+        alpha = batch["alpha"]
         critic = self.critics[policy_id]  # its weights held fixed: gradients reach the actor only
         q = torch.minimum(*call(critic, {k: v.detach() for k, v in critic.named_parameters()}, obs, new_actions))
         actor_loss = (alpha * logp - q).mean()
@@ -106,14 +108,16 @@ class SAC(ContinuousOffPolicyModule):
 
     def update(self, policy_id: str, batch: SampleBatch) -> dict[str, Any]:
         """Temperature, then critic, then actor step (the reference's order), each its own
-        optimizer and ``UpdateStep``; the reparameterization noise comes from the seeded
-        ``learner_generator``, drawn outside the (possibly compiled) steps."""
+        optimizer and ``UpdateStep``; the critic's target and the actor's loss read the
+        temperature from before its step (``batch["alpha"]``); the reparameterization noise comes
+        from the seeded ``learner_generator``, drawn outside the (possibly compiled) steps."""
         actor_opt, critic_opt, alpha_opt = self.optimizers()
         obs = batch[SampleBatch.OBS]
         shape = (obs.shape[0], int(self.action_space.shape[0]))
         batch = SampleBatch(dict(batch))
         batch["noise"] = torch.randn(shape, generator=self.learner_generator, device=obs.device)
         batch["next_noise"] = torch.randn(shape, generator=self.learner_generator, device=obs.device)
+        batch["alpha"] = self.log_alpha[policy_id].detach().exp()  # a new tensor: the step below leaves it
         results: dict[str, Any] = {}
         for name, params, optimizer, loss in (
             ("alpha", {"log_alpha": self.log_alpha[policy_id]}, alpha_opt, self.alpha_loss),
