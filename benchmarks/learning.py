@@ -13,7 +13,12 @@ The configurations are those of ``tests/test_learning*.py`` (the learning table 
 * ``impala_cartpole``: IMPALA on CartPole-v1, the defaults (2 sampler worker processes), 500k env steps;
 * ``appo_cartpole``: APPO on CartPole-v1, the defaults (2 sampler worker processes), 500k env steps;
 * ``ddppo_cartpole``: DD-PPO, PPO on CartPole-v1 under DDP on 2 CPU ranks (gloo), 4 envs per rank,
-  100k global env steps (the settings of ``tests/test_ddp.py``'s learning test).
+  100k global env steps (the settings of ``tests/test_ddp.py``'s learning test);
+* MuJoCo (``mujoco`` extra; not run by default, hours to days on 2 cores: name them in
+  ``--algos``): ``ppo_hopper``, ``ppo_halfcheetah``, ``ppo_walker2d`` at 1M env steps and
+  ``sac_*`` and ``td3_*`` of the same three envs at 300k, each with the settings of the shipped
+  config ``examples/configs/{ppo,sac,td3}_mujoco.yaml`` (rl-zoo's); "solved" is a greedy return
+  of 1000. ``benchmarks/continuous_control.py`` runs the same settings beside Stable-Baselines3.
 
 The async runs (IMPALA, APPO) are not deterministic: the order in which the workers' fragments
 reach the learner depends on timing. Each takes three processes (the learner and two samplers),
@@ -114,7 +119,7 @@ import pytorch_lightning as pl  # noqa: E402
 import torch  # noqa: E402
 
 import lightning_rl  # noqa: E402
-from lightning_rl import A2C, APPO, DQN, IMPALA, PPO, SAC, RLModule, evaluate  # noqa: E402
+from lightning_rl import A2C, APPO, DQN, IMPALA, PPO, SAC, TD3, RLModule, evaluate  # noqa: E402
 
 TARGET_EVALUATIONS = 40  # greedy evaluations per run over the budget
 EVAL_EPISODES = 10  # per evaluation during training
@@ -197,6 +202,32 @@ CONFIGS: dict[str, Config] = {
         est_s=120, processes=2, devices=2,
     ),
 }
+
+
+MUJOCO_ENVS = {"hopper": "Hopper-v5", "halfcheetah": "HalfCheetah-v5", "walker2d": "Walker2d-v5"}
+MUJOCO_BUDGETS = {"ppo": 1_000_000, "sac": 300_000, "td3": 300_000}  # issue 38's table
+MUJOCO_SECONDS = {"ppo": 1500, "sac": 4000, "td3": 4000}  # one run on a free core, evaluations included
+SET_BY_BUILD = {"seed", "total_env_steps", "iterations_per_epoch", "evaluation_interval", "evaluation_num_episodes"}
+
+
+def mujoco_settings(algo: str) -> dict[str, Any]:
+    """The shipped config's ``init_args`` (``examples/configs/<algo>_mujoco.yaml``), less what
+    ``build`` sets for every run."""
+    import yaml
+
+    path = Path(__file__).resolve().parent.parent / "examples" / "configs" / f"{algo}_mujoco.yaml"
+    init_args = yaml.safe_load(path.read_text())["model"]["init_args"]
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in init_args.items() if k not in SET_BY_BUILD}
+
+
+CONFIGS.update({
+    f"{algo}_{name}": Config(
+        f"{algo.upper()} {env}, rl-zoo (shipped config)", cls, MUJOCO_BUDGETS[algo], 1000.0,
+        {**mujoco_settings(algo), "env": env}, est_s=MUJOCO_SECONDS[algo],
+    )
+    for algo, cls in (("ppo", PPO), ("sac", SAC), ("td3", TD3)) for name, env in MUJOCO_ENVS.items()
+})
+OPT_IN = {"dqn_cartpole_constant_lr", *(f"{a}_{n}" for a in MUJOCO_BUDGETS for n in MUJOCO_ENVS)}
 
 
 def budget(config: Config, scale: float) -> int:
@@ -520,7 +551,7 @@ def report(runs: Sequence[dict[str, Any]], meta: dict[str, Any], png: Path | Non
 # --------------------------------------------------------------------------- main
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    default_algos = ",".join(n for n in CONFIGS if n != "dqn_cartpole_constant_lr")
+    default_algos = ",".join(n for n in CONFIGS if n not in OPT_IN)
     p.add_argument("--algos", default=default_algos, help=f"comma-separated subset of {','.join(CONFIGS)}")
     p.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated seeds (default 0,1,2,3,4)")
     p.add_argument("--workers", type=int, default=2, help="processes at a time, one torch thread each (an async run "
