@@ -302,3 +302,22 @@ def test_ddp_ppo_cartpole_learns_within_the_same_global_budget(tmp_path):
                    for r in rows if r.get("val/episode_return_mean")]
     assert r0["global_counters"]["num_env_steps_sampled"] <= 100_000 + 256
     assert len(evaluations) >= 30 and max(v for _, v in evaluations) >= 475, evaluations
+
+
+def test_a_gloo_process_group_is_destroyed_before_the_interpreter_exits(tmp_path):
+    """Left to interpreter shutdown, a gloo group sometimes aborted a rank that had finished
+    (exit -6, "terminate called without an active exception"): the learner registers, once, an
+    ``atexit`` hook that destroys it first (checked here by a hook that runs after it)."""
+    script = tmp_path / "exit.py"
+    script.write_text(
+        "import atexit, torch\n"
+        "from lightning_rl import distributed\n"
+        "atexit.register(lambda: print('initialized at exit:', torch.distributed.is_initialized(), flush=True))\n"
+        f"torch.distributed.init_process_group('gloo', init_method='file://{tmp_path / 'store'}', rank=0, "
+        "world_size=1)\n"
+        "distributed.destroy_gloo_group_at_exit()\n"
+        "distributed.destroy_gloo_group_at_exit()  # once per process\n"
+        "print('initialized:', torch.distributed.is_initialized(), flush=True)\n")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.splitlines() == ["initialized: True", "initialized at exit: False"], proc.stdout

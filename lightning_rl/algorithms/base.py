@@ -38,7 +38,12 @@ from lightning_rl.counters import count_iteration, new_counters, summed_over_ran
 from lightning_rl.data.base import EnvDataModule, IterationStream, lightning_seed, new_generator, rank_seed
 from lightning_rl.data.envs import env_spec
 from lightning_rl.data.multi_agent import is_multi_agent_env
-from lightning_rl.distributed import bypass_ddp_gradient_sync, multiprocessing_refused
+from lightning_rl.distributed import (
+    bypass_ddp_gradient_sync,
+    destroy_gloo_group_at_exit,
+    multiprocessing_refused,
+    world_size,
+)
 from lightning_rl.evaluation import EpisodeEnds, EvaluationHooks
 from lightning_rl.functional import piecewise_linear
 from lightning_rl.inference import ActionAPI
@@ -328,6 +333,8 @@ class Algorithm(MultiAgentSettings, NetworkSettings, OptimizationSettings, RunSe
         # global RNG, which the seed does not reach.
         rank = self.trainer.global_rank if self._trainer is not None else 0
         self.learner_generator = new_generator(rank_seed(self.seed, rank), self.device)
+        if world_size() > 1:
+            destroy_gloo_group_at_exit()
 
     def on_fit_start(self) -> None:
         self._update_steps = {}
