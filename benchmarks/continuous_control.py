@@ -139,12 +139,13 @@ class EpisodeCurve:
         """A Lightning callback adding the episodes each training iteration reports."""
         import pytorch_lightning as pl
 
+        from lightning_rl.callbacks.episodes import iteration_infos
+
         curve = self
 
         class Recorder(pl.Callback):
             def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, index: int) -> None:
-                infos = getattr(batch, "infos", None)  # an IterationStream holds several iterations' infos
-                for info in [getattr(batch, "info", {})] if infos is None else infos:
+                for info in iteration_infos(batch):
                     curve.add(info.get("episode_returns", []), info.get("episode_lengths", []))
 
         return Recorder()

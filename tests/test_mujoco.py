@@ -18,7 +18,7 @@ pytest.importorskip("gymnasium.envs.mujoco", reason='MuJoCo is not installed: pi
 
 from lightning_rl import PPO, SAC, TD3, recording
 from lightning_rl.batch import DEFAULT_POLICY_ID, SampleBatch
-from tests.conftest import fit_iterations
+from tests.conftest import fit_iterations, run_one_children
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL_REPLAY = dict(seed=0, hiddens=(16,), learning_starts=32, train_batch_size=16, total_env_steps=None)
@@ -171,3 +171,4 @@ def test_learning_benchmark_has_the_mujoco_rows_at_the_shipped_configs(monkeypat
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert "td3_hopper" in json.dumps(result) and out.exists()
+    assert not run_one_children("learning.py"), "a run process outlived the benchmark"

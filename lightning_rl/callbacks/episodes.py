@@ -12,6 +12,13 @@ import torch
 from lightning_rl.callbacks.metrics import should_log, stage
 
 
+def iteration_infos(batch: Any) -> list[dict[str, Any]]:
+    """The ``info`` of each sampling iteration in a training batch (an ``IterationStream``, with
+    ``iterations_per_step > 1``, holds several)."""
+    infos = getattr(batch, "infos", None)
+    return [getattr(batch, "info", {})] if infos is None else list(infos)
+
+
 class RolloutMetricsCallback(pl.Callback):
     """Observes each policy batch's ``info`` and the module's counters.
 
@@ -72,9 +79,7 @@ class RolloutMetricsCallback(pl.Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        # an IterationStream (iterations_per_step > 1) holds the infos of several iterations
-        infos = getattr(batch, "infos", None)
-        for info in [getattr(batch, "info", {})] if infos is None else infos:
+        for info in iteration_infos(batch):
             returns = info.get("episode_returns", [])
             self.returns.extend(returns)
             self.lengths.extend(info.get("episode_lengths", []))
